@@ -1,0 +1,35 @@
+# `make demo` and `make test` create .venv on first use and install everything they need.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.comfy-h3-installed
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: demo test venv clean-venv bench
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if [ ! -x $(PY) ]; then \
+	  if $(PYTHON) -c "import torch" 2>/dev/null; then \
+	    echo "[make] torch found in $(PYTHON): keeping it (venv with system site-packages)"; \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else \
+	    $(PYTHON) -m venv $(VENV); \
+	  fi; \
+	fi
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m comfy_h3_nodes demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) -m comfy_h3_nodes bench handoff
+
+clean-venv:
+	rm -rf $(VENV)

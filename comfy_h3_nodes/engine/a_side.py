@@ -1,0 +1,133 @@
+"""The A side: text/reference encoding and VAE decode on resident models, built from diffusers' own blocks.
+
+A loads only ``text_encoder``, ``tokenizer``, ``processor``, ``vae`` and ``audio_vae``. ``encode`` runs the A-encode
+blocks of the request's workflow and packs what B needs into an :class:`~.wire.EncodedRequest`; ``decode`` runs the
+``decode.*`` blocks on a :class:`~.wire.DenoisedLatents`. The Ray actor of the executor wraps this class.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import split, wire
+from .backends import resolve_attention_backend
+from .request import H3Request, ValidRequest, validate_request
+
+
+@dataclass
+class DecodedMedia:
+    """What A hands back to its caller: float frames ``[F,H,W,3]`` in 0..1, stereo ``[2,N]`` audio, the rates."""
+
+    request_id: str
+    frames: np.ndarray
+    audio: np.ndarray
+    sample_rate: int
+    fps: int = 24
+    timings: dict = field(default_factory=dict)
+
+
+class ASide:
+    """Resident encoders and VAEs. One instance per process; ``encode``/``decode`` may be called for any workflow."""
+
+    def __init__(self, model_dir: str | os.PathLike, dtype: str = "bfloat16", attention_backend: str = "sdpa",
+                 device: str | None = None):
+        import torch
+
+        self.attention_backend = resolve_attention_backend(attention_backend)
+        self.device = split.pick_device(device)
+        self.dtype = dtype
+        self.model_dir = split.check_model_dir(model_dir, split.A_COMPONENTS)
+        loaded = split.load_checked(self.model_dir, split.A_COMPONENTS, dtype, self.device)
+        self._host = loaded.host
+        self.load_records = loaded.records
+        self._pipes: dict[tuple[str, str], object] = {}
+        self._torch = torch
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    def _pipe(self, workflow: str, part: str):
+        key = (workflow, part)
+        if key not in self._pipes:
+            groups = split.split_workflow(workflow)
+            self._pipes[key] = split.make_group_pipeline(groups[part], self.model_dir, self._host, split.A_COMPONENTS)
+        return self._pipes[key]
+
+    def resident(self) -> dict[str, str]:
+        return {n: type(getattr(self._host, n)).__name__ for n in split.A_COMPONENTS}
+
+    def default_canvas(self) -> tuple[int, int]:
+        """The canvas a t2va request without a size gets (diffusers' 16:9 default, 768x1344 for the real model)."""
+        from diffusers.modular_pipelines.minimax_h3.modular_pipeline import resolve_canvas_size
+
+        pipe = self._pipe("t2va", "encode")
+        return resolve_canvas_size(16, 9, pipe.canvas_multiple, pipe.config.canvas_short_edge,
+                                   pipe.config.canvas_max_pixels)
+
+    def encode_inputs(self, req: ValidRequest) -> dict:
+        """The keyword inputs of the encode blocks for a validated request."""
+        inputs = {"prompt": req.prompt, "height": req.height, "width": req.width, "num_frames": req.num_frames}
+        if req.workflow == "fl2va":
+            inputs["image"] = req.first_image
+            inputs["last_image"] = req.last_image
+        elif req.workflow == "ref2va":
+            from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3AudioReference, MiniMaxH3ImageReference
+
+            refs = [MiniMaxH3ImageReference(image=im) for im in req.reference_images]
+            if req.reference_audio is not None:
+                refs.append(MiniMaxH3AudioReference(audio=self._torch.from_numpy(req.reference_audio.waveform),
+                                                    sample_rate=req.reference_audio.sample_rate))
+            inputs["references"] = refs
+        return inputs
+
+    # ------------------------------------------------------------------------------------------------ encode
+    def encode(self, request: H3Request | ValidRequest) -> wire.EncodedRequest:
+        req = request if isinstance(request, ValidRequest) else validate_request(request)
+        if req.workflow == "t2va" and req.height is None:
+            req = req.with_canvas(*self.default_canvas())
+        pipe = self._pipe(req.workflow, "encode")
+        state = pipe(**self.encode_inputs(req))
+        get = state.get
+        height = get("height") if get("height") is not None else req.height
+        width = get("width") if get("width") is not None else req.width
+        num_frames = get("num_frames") if get("num_frames") is not None else req.num_frames
+        refs = get("normalized_references") or []
+        payload = wire.EncodedRequest(
+            request_id=req.request_id,
+            workflow=req.workflow,
+            height=int(height),
+            width=int(width),
+            num_frames=int(num_frames),
+            num_inference_steps=req.steps,
+            seed=req.seed,
+            prompt_embeds=wire.WireTensor.from_torch(get("prompt_embeds")),
+            text_token_tags=wire.WireTensor.from_torch(get("text_token_tags").to(self._torch.int64)),
+            keyframe_anchors=tuple(get("keyframe_anchors") or ()) if req.workflow == "fl2va" else (),
+            condition_latents=tuple(wire.WireTensor.from_torch(t) for t in (get("condition_latents") or ())),
+            audio_condition_latents=tuple(
+                wire.WireTensor.from_torch(t) for t in (get("audio_condition_latents") or ())
+            ),
+            references=tuple(wire.ReferenceMeta(r.kind, bool(r.has_audio)) for r in refs),
+        )
+        return payload.validate()
+
+    # ------------------------------------------------------------------------------------------------ decode
+    def decode_raw(self, latents: wire.DenoisedLatents, output_type: str = "np") -> dict:
+        """diffusers' decode outputs (``videos``, ``audio``, ``sampling_rate``) for validated latents."""
+        latents.validate()
+        pipe = self._pipe(latents.workflow, "decode")
+        return pipe(latents=latents.latents.to_torch(), audio_latents=latents.audio_latents.to_torch(),
+                    output_type=output_type, output=["videos", "audio", "sampling_rate"])
+
+    def decode(self, latents: wire.DenoisedLatents) -> DecodedMedia:
+        t0 = time.perf_counter()
+        out = self.decode_raw(latents, "np")
+        frames = np.asarray(out["videos"][0], dtype=np.float32)
+        audio = out["audio"]
+        audio = audio.detach().float().cpu().numpy() if hasattr(audio, "detach") else np.asarray(audio)
+        if audio.ndim == 3:
+            audio = audio[0]
+        return DecodedMedia(latents.request_id, frames, audio, int(out["sampling_rate"]),
+                            timings={"decode_s": time.perf_counter() - t0})

@@ -1,0 +1,136 @@
+"""What the A and B actors share: process setup, bounded receipt of a hand-off, health facts.
+
+Everything here runs inside a Ray worker process. Environment choices (attention backend, profiling, CPU threads)
+reach the worker through ``runtime_env`` before its first import, and are applied again in ``setup_process``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from importlib import metadata
+
+from . import wire
+
+log = logging.getLogger("comfy_h3")
+
+#: Environment variables the executor forwards to both actors (read there before any model import).
+FORWARDED_ENV = ("H3_PROFILE", "H3_MAX_PAYLOAD_BYTES", "DIFFUSERS_ATTN_BACKEND", "HF_HUB_OFFLINE",
+                 "OMP_NUM_THREADS", "H3_LOG_LEVEL")
+
+
+class HandoffError(RuntimeError):
+    """A hand-off that did not arrive: the message names the receiving machine, the stage and the request."""
+
+
+def setup_process(threads: int | None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=os.environ.get("H3_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s [%(name)s] %(message)s")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def profiling() -> bool:
+    return os.environ.get("H3_PROFILE", "") not in ("", "0", "false")
+
+
+def unwrap_ray_error(exc: BaseException) -> BaseException:
+    """The user's exception inside a RayTaskError, when there is one."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def receive(ref, timeout: float, machine: str, stage: str, request_id: str):
+    """Wait for the producer, then fetch; returns ``(payload, producer_wait_s, fetch_s)``.
+
+    Both waits are bounded by ``timeout``; a failure of the producer is re-raised with the stage named.
+    """
+    import ray
+
+    t0 = time.perf_counter()
+    ready, _ = ray.wait([ref], timeout=timeout, fetch_local=False)
+    t1 = time.perf_counter()
+    if not ready:
+        raise HandoffError(
+            f"{machine} waited {timeout:.0f} s for the {stage} payload of request {request_id} and the producer "
+            "never finished; check the other machine's health."
+        )
+    try:
+        payload = ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError as exc:
+        raise HandoffError(
+            f"{machine} could not fetch the {stage} payload of request {request_id} within {timeout:.0f} s; "
+            "the link between the machines is down or saturated."
+        ) from exc
+    except ray.exceptions.RayTaskError as exc:
+        inner = unwrap_ray_error(exc)
+        raise HandoffError(f"the producer of the {stage} payload of request {request_id} failed: {inner}") from inner
+    except ray.exceptions.RayError as exc:
+        raise HandoffError(
+            f"{machine} lost the {stage} payload of request {request_id}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
+    return payload, t1 - t0, time.perf_counter() - t1
+
+
+def materialize(payload) -> float:
+    """Turn every wire tensor into a torch view (what the blocks will read); returns the seconds it took."""
+    t0 = time.perf_counter()
+    for t in payload.tensors().values():
+        t.to_torch()
+    return time.perf_counter() - t0
+
+
+def versions() -> dict[str, str]:
+    def v(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "absent"
+
+    return {"comfy-h3": v("comfy-h3"), "diffusers": v("diffusers"), "torch": v("torch"),
+            "transformers": v("transformers"), "ray": v("ray"), "wire_schema": str(wire.SCHEMA_VERSION)}
+
+
+def memory_info(device: str) -> dict:
+    info = {}
+    try:
+        import psutil
+
+        info["rss_mb"] = round(psutil.Process().memory_info().rss / 2**20, 1)
+        info["host_available_mb"] = round(psutil.virtual_memory().available / 2**20, 1)
+    except Exception:  # noqa: BLE001 - psutil is optional
+        pass
+    if device.startswith("cuda"):
+        import torch
+
+        info["cuda_allocated_mb"] = round(torch.cuda.memory_allocated() / 2**20, 1)
+        info["cuda_total_mb"] = round(torch.cuda.get_device_properties(0).total_memory / 2**20, 1)
+    return info
+
+
+def base_health(role: str, side, started: float) -> dict:
+    import ray
+
+    return {
+        "role": role,
+        "ok": True,
+        "node_ip": ray.util.get_node_ip_address(),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "device": side.device,
+        "dtype": side.dtype,
+        "attention_backend": side.attention_backend,
+        "model_dir": str(side.model_dir),
+        "resident": side.resident(),
+        "versions": versions(),
+        "memory": memory_info(side.device),
+        "uptime_s": round(time.time() - started, 1),
+        "loads": len(side.load_records),
+    }

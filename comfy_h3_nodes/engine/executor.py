@@ -1,0 +1,409 @@
+"""The two-node executor: resident A and B actors, requests flowing between them by ObjectRef, every wait bounded.
+
+A request is three remote calls: ``encode`` on A, ``denoise`` on B, ``decode`` on A. The payloads move actor to actor
+(the caller passes ObjectRefs, never the tensors); the caller awaits only the small timing records and, at the end,
+the decoded media. While B denoises, the caller polls B's ``progress`` (the step events) and notices a dead or stalled
+B within its bounds. Several requests can be in flight (``max_in_flight``): A encodes k+1 while B denoises k and A
+decodes k-1, because A's encode and decode run in separate concurrency groups and B serves its queue in order.
+
+All scheduling runs on one private asyncio loop thread; the sync API (``generate``, ``run_many``) and the async API
+(``agenerate``, usable from any event loop, ComfyUI's included) both hand work to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import pathlib
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable
+
+from . import cluster as cl
+from .a_side import DecodedMedia
+from .actor_common import FORWARDED_ENV, unwrap_ray_error
+from .request import H3Request, validate_request
+from .timing import StageRecord, TimingLog
+
+log = logging.getLogger("comfy_h3.executor")
+
+PACK_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class H3Error(RuntimeError):
+    """A failure of the distributed run; the message names the machine, the stage and the request."""
+
+
+class H3Cancelled(H3Error):
+    pass
+
+
+class H3Timeout(H3Error):
+    pass
+
+
+@dataclass
+class SideConfig:
+    model_dir: str
+    dtype: str = "bfloat16"
+    attention_backend: str = "sdpa"
+    device: str | None = None
+    threads: int | None = None
+
+
+@dataclass
+class BConfig(SideConfig):
+    partition: str = "transformer"
+    name: str = "h3_dit"
+    namespace: str = cl.NAMESPACE
+    allow_swap: bool = True
+    max_restarts: int = -1
+
+
+@dataclass
+class Timeouts:
+    start: float = 900.0       # loading a model (62 GB text encoder) on actor start
+    health: float = 10.0       # a health or progress call
+    encode: float = 900.0
+    handoff: float = 300.0     # a receiver waiting for / fetching a payload
+    stall: float = 900.0       # B making no step progress
+    decode: float = 900.0
+    poll: float = 0.1          # progress polling period
+
+
+@dataclass
+class StepEvent:
+    request_id: str
+    index: int
+    total: int
+    seconds: float
+
+
+@dataclass
+class Encoded:
+    """A->B payload held in the object store on A (the ref), with its encode record."""
+
+    request_id: str
+    workflow: str
+    payload_ref: object
+    record: StageRecord
+    num_inference_steps: int
+
+
+@dataclass
+class Denoised:
+    request_id: str
+    workflow: str
+    latents_ref: object
+    records: list[StageRecord]
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    media: DecodedMedia
+    records: list[StageRecord] = field(default_factory=list)
+
+    def stage_seconds(self) -> dict[str, float]:
+        from .timing import summarize
+
+        return summarize(self.records)
+
+
+class _LoopThread:
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="h3-executor-loop", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+async def _await_ref(ref, timeout: float):
+    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+
+
+class H3Executor:
+    def __init__(self, a: SideConfig, b: BConfig, *, max_in_flight: int = 2, timeouts: Timeouts | None = None,
+                 env: dict | None = None, timing_log: TimingLog | None = None, a_name: str | None = None):
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1.")
+        self.a_config, self.b_config = a, b
+        self.max_in_flight = max_in_flight
+        self.timeouts = timeouts or Timeouts()
+        self.env = dict(env or {})
+        self.timings = timing_log or TimingLog()
+        self.a_name = a_name
+        self.a = self.b = None
+        self.topology: cl.Topology | None = None
+        self._loop = _LoopThread()
+        self._sem: asyncio.Semaphore | None = None
+        self._cancelled: set[str] = set()
+        self._in_flight = 0
+        self.max_seen_in_flight = 0
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------------------------------------ start
+    def _runtime_env(self) -> dict:
+        env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+        env.update(self.env)
+        pypath = os.environ.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACK_ROOT), pypath) if p)
+        return {"env_vars": env}
+
+    def start(self) -> "H3Executor":
+        """Validate topology, place (or find) both actors, verify where they run and that they match."""
+        import ray
+
+        from remote_worker.actor import dit_actor_class
+
+        from .actors import encoder_actor_class
+
+        self.topology = cl.validate_topology()
+        a_opts = {"resources": {cl.ROLE_A: 1}, "runtime_env": self._runtime_env(), "max_restarts": 0}
+        if self.a_name:
+            a_opts.update(name=self.a_name, namespace=self.b_config.namespace, get_if_exists=True)
+        self.a = encoder_actor_class().options(**a_opts).remote(asdict(self.a_config))
+        self.b = dit_actor_class().options(
+            name=self.b_config.name, namespace=self.b_config.namespace, lifetime="detached", get_if_exists=True,
+            resources={cl.ROLE_B: 1}, max_restarts=self.b_config.max_restarts, max_task_retries=0,
+            runtime_env=self._runtime_env(),
+        ).remote(asdict(self.b_config))
+        self._verify_placement()
+        self.check_health()
+        return self
+
+    def attach_b(self, name: str, namespace: str = cl.NAMESPACE):
+        """Use an already running, named B actor (started by ``remote_worker setup`` or another driver)."""
+        import ray
+
+        try:
+            self.b = ray.get_actor(name, namespace=namespace)
+        except ValueError as exc:
+            raise H3Error(
+                f"no DiT actor named {name!r} in namespace {namespace!r} on the cluster; start it on B with "
+                "`python -m remote_worker setup`."
+            ) from exc
+        return self.b
+
+    def _verify_placement(self) -> None:
+        import ray
+
+        for role, actor, node in (("A", self.a, self.topology.a), ("B", self.b, self.topology.b)):
+            try:
+                ip = ray.get(actor.ping.remote(), timeout=self.timeouts.start)
+            except ray.exceptions.GetTimeoutError as exc:
+                raise H3Timeout(
+                    f"the {role} actor did not come up within {self.timeouts.start:.0f} s on {node.ip} "
+                    "(loading its models); see the Ray logs on that machine."
+                ) from exc
+            except ray.exceptions.RayError as exc:
+                inner = unwrap_ray_error(exc)
+                raise H3Error(f"the {role} actor failed to start on {node.ip}: {_first_line(inner)}") from inner
+            if ip != node.ip:
+                raise H3Error(f"the {role} actor runs on {ip}, expected the {role} node {node.ip}.")
+
+    # ------------------------------------------------------------------------------------------------ health
+    def check_health(self) -> dict:
+        """Both actors answer within the health bound, and their versions agree (wire schema included)."""
+        import ray
+
+        out = {}
+        for role, actor in (("A", self.a), ("B", self.b)):
+            try:
+                out[role] = ray.get(actor.health.remote(), timeout=self.timeouts.health)
+            except ray.exceptions.GetTimeoutError as exc:
+                raise H3Timeout(f"machine {role} did not answer a health check within {self.timeouts.health:.0f} s.") from exc
+            except ray.exceptions.RayError as exc:
+                raise H3Error(f"machine {role} failed its health check: {_first_line(unwrap_ray_error(exc))}") from exc
+        va, vb = out["A"]["versions"], out["B"]["versions"]
+        diff = {k: (va.get(k), vb.get(k)) for k in set(va) | set(vb) if va.get(k) != vb.get(k)}
+        if diff:
+            desc = ", ".join(f"{k} A={a} B={b}" for k, (a, b) in sorted(diff.items()))
+            raise H3Error(f"A and B run different versions ({desc}); install the same versions on both machines.")
+        out["topology"] = self.topology.to_dict() if self.topology else None
+        return out
+
+    def load_records(self) -> dict[str, list]:
+        import ray
+
+        return {"A": ray.get(self.a.load_records.remote(), timeout=self.timeouts.health),
+                "B": ray.get(self.b.load_records.remote(), timeout=self.timeouts.health)}
+
+    # ------------------------------------------------------------------------------------------------ stages
+    async def _encode(self, request: H3Request) -> Encoded:
+        import ray
+
+        req = validate_request(request)  # clear errors before anything is sent
+        rid = req.request_id
+        payload_ref, rec_ref = self.a.encode.remote(req)
+        try:
+            rec = await _await_ref(rec_ref, self.timeouts.encode)
+        except asyncio.TimeoutError as exc:
+            ray.cancel(payload_ref)
+            raise H3Timeout(f"A did not finish encoding request {rid} within {self.timeouts.encode:.0f} s.") from exc
+        except ray.exceptions.RayError as exc:
+            raise _remote_error("A", "encode", rid, exc) from None
+        self.timings.add([rec])
+        return Encoded(rid, req.workflow, payload_ref, rec, req.steps)
+
+    async def _denoise(self, enc: Encoded, on_step: Callable[[StepEvent], None] | None = None) -> Denoised:
+        import ray
+
+        rid = enc.request_id
+        if rid in self._cancelled:
+            raise H3Cancelled(f"request {rid} was cancelled before B started it.")
+        latents_ref, recs_ref = self.b.denoise.remote([enc.payload_ref], rid, self.timeouts.handoff)
+        fut = asyncio.wrap_future(recs_ref.future())
+        seen, last_progress, cancel_sent = 0, time.monotonic(), False
+        try:
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=self.timeouts.poll)
+                if done:
+                    break
+                if rid in self._cancelled and not cancel_sent:
+                    self.b.cancel.remote(rid)
+                    cancel_sent = True
+                try:
+                    prog = await _await_ref(self.b.progress.remote(rid), self.timeouts.health)
+                except asyncio.TimeoutError:
+                    prog = None  # B busy answering; the stall bound below still applies
+                steps = prog["steps"] if prog else []
+                if len(steps) > seen:
+                    last_progress = time.monotonic()
+                    for i, total, sec in steps[seen:]:
+                        if on_step is not None:
+                            on_step(StepEvent(rid, i, total, sec))
+                    seen = len(steps)
+                elif prog and prog["state"] in ("waiting", "queued"):
+                    last_progress = time.monotonic()
+                if time.monotonic() - last_progress > self.timeouts.stall:
+                    self.b.cancel.remote(rid)
+                    ray.cancel(recs_ref)
+                    raise H3Timeout(
+                        f"B made no denoise progress on request {rid} for {self.timeouts.stall:.0f} s; it was "
+                        "asked to stop. Check B with `python -m remote_worker status`."
+                    )
+            records = fut.result()
+        except ray.exceptions.RayError as exc:
+            err = _remote_error("B", "denoise", rid, exc)
+            if rid in self._cancelled:
+                raise H3Cancelled(f"request {rid} was cancelled; B stopped it between two steps.") from None
+            raise err from None
+        # steps that finished after the last poll
+        if on_step is not None:
+            for i, sec in enumerate(records[1].steps[seen:], start=seen):
+                on_step(StepEvent(rid, i, len(records[1].steps), sec))
+        self.timings.add(records)
+        return Denoised(rid, enc.workflow, latents_ref, records)
+
+    async def _decode(self, den: Denoised) -> tuple[DecodedMedia, list[StageRecord]]:
+        import ray
+
+        rid = den.request_id
+        media_ref, recs_ref = self.a.decode.remote([den.latents_ref], rid, self.timeouts.handoff)
+        try:
+            records = await _await_ref(recs_ref, self.timeouts.decode)
+            media = await _await_ref(media_ref, self.timeouts.decode)
+        except asyncio.TimeoutError as exc:
+            raise H3Timeout(f"A did not finish decoding request {rid} within {self.timeouts.decode:.0f} s.") from exc
+        except ray.exceptions.RayError as exc:
+            raise _remote_error("A", "decode", rid, exc) from None
+        self.timings.add(records)
+        return media, records
+
+    async def _generate(self, request: H3Request, on_step=None) -> GenerationResult:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.max_in_flight)
+        async with self._sem:
+            self._in_flight += 1
+            self.max_seen_in_flight = max(self.max_seen_in_flight, self._in_flight)
+            try:
+                enc = await self._encode(request)
+                enc_record = enc.record
+                den = await self._denoise(enc, on_step)
+                del enc  # drop the A->B payload ref as soon as B has it: the object store frees it
+                media, dec_records = await self._decode(den)
+                return GenerationResult(den.request_id, media, [enc_record, *den.records, *dec_records])
+            finally:
+                self._in_flight -= 1
+                self._cancelled.discard(request.request_id)
+
+    # ------------------------------------------------------------------------------------------------ public
+    def submit(self, request: H3Request, on_step=None) -> Future:
+        """Start a request; returns a Future of :class:`GenerationResult` (bounded by ``max_in_flight``)."""
+        return self._loop.submit(self._generate(request, on_step))
+
+    def generate(self, request: H3Request, on_step=None) -> GenerationResult:
+        return self.submit(request, on_step).result()
+
+    async def agenerate(self, request: H3Request, on_step=None) -> GenerationResult:
+        return await asyncio.wrap_future(self.submit(request, on_step))
+
+    def run_many(self, requests: Iterable[H3Request], on_step=None) -> list[GenerationResult]:
+        futures = [self.submit(r, on_step) for r in requests]
+        return [f.result() for f in futures]
+
+    def run_stage(self, coro):
+        """Run one stage coroutine (``encode``/``denoise``/``decode``) on the executor loop from any thread."""
+        return self._loop.submit(coro)
+
+    def encode(self, request: H3Request) -> Encoded:
+        return self.run_stage(self._encode(request)).result()
+
+    def denoise(self, enc: Encoded, on_step=None) -> Denoised:
+        return self.run_stage(self._denoise(enc, on_step)).result()
+
+    def decode(self, den: Denoised) -> tuple[DecodedMedia, list[StageRecord]]:
+        return self.run_stage(self._decode(den)).result()
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request: B stops before its next step; a request not yet on B never starts there."""
+        self._cancelled.add(request_id)
+        if self.b is not None:
+            self.b.cancel.remote(request_id)
+
+    def shutdown(self, kill_b: bool = False) -> None:
+        import ray
+
+        if ray.is_initialized():
+            if self.a is not None:
+                ray.kill(self.a)
+            if kill_b and self.b is not None:
+                ray.kill(self.b)
+        self.a = None
+        if kill_b:
+            self.b = None
+        self._loop.stop()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _remote_error(machine: str, stage: str, rid: str, exc: BaseException) -> H3Error:
+    import ray
+
+    inner = unwrap_ray_error(exc)
+    if type(inner).__name__ == "DenoiseCancelled":
+        return H3Cancelled(str(inner))
+    if isinstance(exc, (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)):
+        return H3Error(
+            f"machine {machine}'s actor died during {stage} of request {rid} ({type(exc).__name__}); it is "
+            "restarted automatically where its restart policy allows: run the request again."
+        )
+    if isinstance(inner, ValueError):  # validation errors keep their own clear sentence
+        err = H3Error(f"{machine} refused request {rid} at {stage}: {inner}")
+        err.__cause__ = inner
+        return err
+    return H3Error(f"{machine} failed during {stage} of request {rid}: {_first_line(inner)}")

@@ -1,0 +1,334 @@
+"""The one wire contract between A (encoders, VAEs) and B (the DiT), shared by both ends.
+
+Two frozen dataclasses cross the machines, and nothing else:
+
+* :class:`EncodedRequest` (A->B): what diffusers' ``denoise.*`` blocks read from the encode blocks, minimal.
+* :class:`DenoisedLatents` (B->A): what the ``decode.*`` blocks read back.
+
+Tensors travel as :class:`WireTensor`, a numpy array plus its torch dtype name. Ray serialises numpy arrays
+out-of-band (pickle protocol 5), so the receiver gets a zero-copy, read-only view of the object store; bf16, which
+numpy lacks, travels as its raw 16-bit words. Pickled torch tensors measured 2.5-3.5x slower across two Ray nodes.
+
+Every payload is validated on arrival (:meth:`EncodedRequest.validate`, :meth:`DenoisedLatents.validate`): schema
+version, dtypes, shapes consistent with the canvas and frame count, finite values and a size cap. A failure raises
+:class:`WireError` with one sentence that names the field, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+#: Largest payload either side accepts, in bytes (A->B with nine image references is about 0.7 GB at real scale).
+DEFAULT_MAX_PAYLOAD_BYTES = int(os.environ.get("H3_MAX_PAYLOAD_BYTES", str(1 << 30)))
+
+WORKFLOWS = ("t2va", "fl2va", "ref2va")
+REFERENCE_KINDS = ("image", "video", "audio")
+KEYFRAME_ANCHORS = ("first", "last")
+
+# Geometry of the released checkpoint that B falls back to (it has no VAE): 24 video / 32 audio latent channels.
+VIDEO_LATENT_CHANNELS = 24
+AUDIO_LATENT_CHANNELS = 32
+AUDIO_CHANNELS = 2
+SPATIAL_COMPRESSION = 16
+
+# torch dtype name -> numpy dtype of the words that carry it.
+_CARRIERS = {
+    "float32": np.dtype("float32"),
+    "float16": np.dtype("float16"),
+    "bfloat16": np.dtype("uint16"),
+    "int64": np.dtype("int64"),
+    "int32": np.dtype("int32"),
+}
+_FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class WireError(ValueError):
+    """A payload that does not satisfy the wire contract. The message is one sentence naming field and fix."""
+
+
+@dataclass(frozen=True)
+class WireTensor:
+    """A tensor on the wire: the dtype it has in torch, and a C-contiguous numpy array of the words that carry it."""
+
+    dtype: str
+    data: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    # -- producer side -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_torch(cls, tensor) -> "WireTensor":
+        """Wrap a torch tensor without copying when it is already a contiguous CPU tensor."""
+        import torch
+
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous()
+        name = str(t.dtype).removeprefix("torch.")
+        if name not in _CARRIERS:
+            raise WireError(f"dtype {name} cannot cross the wire; use one of {sorted(_CARRIERS)}.")
+        if name == "bfloat16":
+            t = t.view(torch.uint16)
+        return cls(name, t.numpy())
+
+    # -- receiver side -------------------------------------------------------------------------------------------
+    def to_torch(self):
+        """A torch tensor over the same memory (no copy). Read-only on the receiver: clone before in-place work."""
+        import torch
+
+        arr = self.data
+        with warnings.catch_warnings():
+            # Arrays out of Ray's object store are read-only; torch warns once per process about that.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            t = torch.from_numpy(arr)
+        if self.dtype == "bfloat16":
+            t = t.view(torch.bfloat16)
+        return t
+
+    def check(self, name: str, dtypes: tuple[str, ...], shape: tuple[int | None, ...] | None = None,
+              finite: bool = True) -> None:
+        """Validate dtype, carrier, shape (``None`` = any extent) and finiteness; raise :class:`WireError`."""
+        if not isinstance(self.data, np.ndarray):
+            raise WireError(f"{name} carries a {type(self.data).__name__}, expected a numpy array.")
+        if self.dtype not in dtypes:
+            raise WireError(f"{name} has dtype {self.dtype}, expected {' or '.join(dtypes)}.")
+        if self.data.dtype != _CARRIERS[self.dtype]:
+            raise WireError(
+                f"{name} claims dtype {self.dtype} but carries {self.data.dtype} words "
+                f"(expected {_CARRIERS[self.dtype]}): the payload is corrupt or from another schema."
+            )
+        if shape is not None:
+            ok = len(shape) == self.data.ndim and all(e is None or e == s for e, s in zip(shape, self.data.shape))
+            if not ok:
+                want = "(" + ", ".join("*" if e is None else str(e) for e in shape) + ")"
+                raise WireError(f"{name} has shape {tuple(self.data.shape)}, expected {want}.")
+        if finite and self.dtype in _FLOAT_DTYPES and self.data.size:
+            if not bool(np.isfinite(self.to_torch().float().numpy() if self.dtype == "bfloat16" else self.data).all()):
+                raise WireError(f"{name} holds NaN or inf values; the producer's computation diverged.")
+
+
+@dataclass(frozen=True)
+class ReferenceMeta:
+    """All B reads of a normalised ref2va reference: its kind and whether it brings a soundtrack."""
+
+    kind: str
+    has_audio: bool
+
+
+@dataclass(frozen=True)
+class EncodedRequest:
+    """A->B: the conditioning of one request, as diffusers' ``denoise.*`` blocks read it."""
+
+    request_id: str
+    workflow: str
+    height: int
+    width: int
+    num_frames: int
+    num_inference_steps: int
+    seed: int
+    prompt_embeds: WireTensor
+    text_token_tags: WireTensor
+    keyframe_anchors: tuple[str, ...] = ()
+    condition_latents: tuple[WireTensor, ...] = ()
+    audio_condition_latents: tuple[WireTensor, ...] = ()
+    references: tuple[ReferenceMeta, ...] = ()
+    schema_version: int = SCHEMA_VERSION
+
+    def tensors(self) -> dict[str, WireTensor]:
+        out = {"prompt_embeds": self.prompt_embeds, "text_token_tags": self.text_token_tags}
+        out.update({f"condition_latents[{i}]": t for i, t in enumerate(self.condition_latents)})
+        out.update({f"audio_condition_latents[{i}]": t for i, t in enumerate(self.audio_condition_latents)})
+        return out
+
+    def field_bytes(self) -> dict[str, int]:
+        return {k: v.nbytes for k, v in self.tensors().items()}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.field_bytes().values())
+
+    def validate(self, text_dim: int | None = None, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> "EncodedRequest":
+        """Check everything B relies on; ``text_dim`` is B's transformer ``text_dim`` when known."""
+        _check_version(self, "A->B")
+        _check_common(self, max_bytes)
+        if not isinstance(self.num_inference_steps, int) or self.num_inference_steps < 1:
+            raise WireError(f"num_inference_steps is {self.num_inference_steps!r}, expected a positive integer.")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise WireError(f"seed is {self.seed!r}, expected an integer in [0, 2**64).")
+        self.prompt_embeds.check("prompt_embeds", _FLOAT_DTYPES, (1, None, text_dim))
+        num_tokens = self.prompt_embeds.shape[1]
+        if num_tokens < 1:
+            raise WireError("prompt_embeds has no token rows; the prompt encoded to nothing.")
+        self.text_token_tags.check("text_token_tags", ("int64",), (num_tokens,))
+        lat_h, lat_w = self.height // SPATIAL_COMPRESSION, self.width // SPATIAL_COMPRESSION
+        if self.workflow == "t2va":
+            if self.keyframe_anchors or self.condition_latents or self.audio_condition_latents or self.references:
+                raise WireError("a t2va payload carries keyframes or references; send it as fl2va or ref2va.")
+        elif self.workflow == "fl2va":
+            if not 1 <= len(self.keyframe_anchors) <= 2 or any(a not in KEYFRAME_ANCHORS for a in self.keyframe_anchors):
+                raise WireError(f"keyframe_anchors is {self.keyframe_anchors!r}, expected 1 or 2 of {KEYFRAME_ANCHORS}.")
+            if len(self.condition_latents) != len(self.keyframe_anchors):
+                raise WireError(
+                    f"fl2va carries {len(self.condition_latents)} condition_latents for "
+                    f"{len(self.keyframe_anchors)} keyframe_anchors; they must pair one to one."
+                )
+            for i, t in enumerate(self.condition_latents):
+                t.check(f"condition_latents[{i}]", ("float32",), (1, VIDEO_LATENT_CHANNELS, None, lat_h, lat_w))
+        else:
+            if not self.references:
+                raise WireError("a ref2va payload carries no references; send it as t2va.")
+            for i, ref in enumerate(self.references):
+                if ref.kind not in REFERENCE_KINDS:
+                    raise WireError(f"references[{i}].kind is {ref.kind!r}, expected one of {REFERENCE_KINDS}.")
+            n_visual = sum(r.kind in ("image", "video") for r in self.references)
+            n_audio = sum(bool(r.has_audio) for r in self.references)
+            if len(self.condition_latents) != n_visual:
+                raise WireError(
+                    f"ref2va carries {len(self.condition_latents)} condition_latents for {n_visual} image/video "
+                    "references; they must pair one to one."
+                )
+            if len(self.audio_condition_latents) != n_audio:
+                raise WireError(
+                    f"ref2va carries {len(self.audio_condition_latents)} audio_condition_latents for {n_audio} "
+                    "audio-bearing references; they must pair one to one."
+                )
+            for i, t in enumerate(self.condition_latents):
+                t.check(f"condition_latents[{i}]", ("float32",), (1, VIDEO_LATENT_CHANNELS, None, None, None))
+            for i, t in enumerate(self.audio_condition_latents):
+                t.check(f"audio_condition_latents[{i}]", ("float32",), (None, AUDIO_LATENT_CHANNELS))
+        return self
+
+    def pipeline_inputs(self) -> dict[str, Any]:
+        """The keyword inputs of diffusers' denoise blocks (tensors as zero-copy torch views), except the generator."""
+        inputs: dict[str, Any] = {
+            "prompt_embeds": self.prompt_embeds.to_torch(),
+            "text_token_tags": self.text_token_tags.to_torch(),
+            "height": self.height,
+            "width": self.width,
+            "num_frames": self.num_frames,
+            "num_inference_steps": self.num_inference_steps,
+        }
+        if self.workflow == "fl2va":
+            inputs["keyframe_anchors"] = tuple(self.keyframe_anchors)
+            inputs["condition_latents"] = [t.to_torch() for t in self.condition_latents]
+        elif self.workflow == "ref2va":
+            inputs["condition_latents"] = [t.to_torch() for t in self.condition_latents]
+            inputs["audio_condition_latents"] = [t.to_torch() for t in self.audio_condition_latents]
+            inputs["normalized_references"] = list(self.references)
+        return inputs
+
+
+@dataclass(frozen=True)
+class DenoisedLatents:
+    """B->A: the denoised, still normalised latents of one request."""
+
+    request_id: str
+    workflow: str
+    height: int
+    width: int
+    num_frames: int
+    latents: WireTensor
+    audio_latents: WireTensor
+    schema_version: int = SCHEMA_VERSION
+
+    def tensors(self) -> dict[str, WireTensor]:
+        return {"latents": self.latents, "audio_latents": self.audio_latents}
+
+    def field_bytes(self) -> dict[str, int]:
+        return {k: v.nbytes for k, v in self.tensors().items()}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.field_bytes().values())
+
+    def validate(self, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> "DenoisedLatents":
+        _check_version(self, "B->A")
+        _check_common(self, max_bytes)
+        lat_f = video_latent_frames(self.num_frames)
+        self.latents.check(
+            "latents", ("float32",),
+            (1, VIDEO_LATENT_CHANNELS, lat_f, self.height // SPATIAL_COMPRESSION, self.width // SPATIAL_COMPRESSION),
+        )
+        self.audio_latents.check(
+            "audio_latents", ("float32",), (AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, audio_latent_frames(self.num_frames))
+        )
+        return self
+
+
+def video_latent_frames(num_frames: int) -> int:
+    """Latent frames of a ``17n+5`` frame count (diffusers' own arithmetic)."""
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import video_latent_num_frames
+
+    try:
+        return video_latent_num_frames(num_frames, 17, 5)
+    except ValueError as exc:
+        raise WireError(f"num_frames is {num_frames}, expected the form 17 * n + 5 (A snaps it before sending).") from exc
+
+
+def audio_latent_frames(num_frames: int) -> int:
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import audio_latent_num_frames
+
+    return audio_latent_num_frames(num_frames)
+
+
+def _check_version(payload, direction: str) -> None:
+    theirs = getattr(payload, "schema_version", None)
+    if theirs != SCHEMA_VERSION:
+        raise WireError(
+            f"{direction} payload speaks wire schema version {theirs!r} but this side speaks version "
+            f"{SCHEMA_VERSION}: install the same comfy-h3 version on both machines."
+        )
+
+
+def _check_common(payload, max_bytes: int) -> None:
+    if not isinstance(payload.request_id, str) or not payload.request_id:
+        raise WireError(f"request_id is {payload.request_id!r}, expected a non-empty string.")
+    if payload.workflow not in WORKFLOWS:
+        raise WireError(f"workflow is {payload.workflow!r}, expected one of {WORKFLOWS}.")
+    for name in ("height", "width"):
+        v = getattr(payload, name)
+        if not isinstance(v, int) or v <= 0 or v % 32:
+            raise WireError(f"{name} is {v!r}, expected a positive multiple of 32.")
+    if not isinstance(payload.num_frames, int) or payload.num_frames % 17 != 5:
+        raise WireError(f"num_frames is {payload.num_frames!r}, expected the form 17 * n + 5.")
+    for name, t in payload.tensors().items():
+        if not isinstance(t, WireTensor):
+            raise WireError(f"{name} is a {type(t).__name__}, expected a WireTensor.")
+    total = payload.nbytes
+    if total > max_bytes:
+        raise WireError(
+            f"payload {payload.request_id} is {total / 2**20:.1f} MiB, over the {max_bytes / 2**20:.0f} MiB cap "
+            "(H3_MAX_PAYLOAD_BYTES): use fewer or smaller references, or raise the cap on both machines."
+        )
+
+
+def summarize(payload) -> dict[str, Any]:
+    """A JSON-able description (no tensor data) for logs and errors."""
+    out = {}
+    for f in dataclasses.fields(payload):
+        v = getattr(payload, f.name)
+        if isinstance(v, WireTensor):
+            out[f.name] = {"dtype": v.dtype, "shape": list(v.shape)}
+        elif isinstance(v, tuple) and v and isinstance(v[0], WireTensor):
+            out[f.name] = [{"dtype": t.dtype, "shape": list(t.shape)} for t in v]
+        elif isinstance(v, tuple) and v and isinstance(v[0], ReferenceMeta):
+            out[f.name] = [dataclasses.asdict(r) for r in v]
+        else:
+            out[f.name] = v
+    return out
+

@@ -1,0 +1,385 @@
+"""Build a tiny, random MiniMax-H3 checkpoint in the real diffusers modular layout.
+
+Every component is an instance of the real class (diffusers' `MiniMaxH3Transformer3DModel`,
+`AutoencoderKLMiniMaxH3`, `AutoencoderKLMiniMaxH3Audio`, `MiniMaxH3Scheduler`, transformers'
+`Qwen3VLForConditionalGeneration`, `Qwen2Tokenizer`, `Qwen3VLProcessor`), shrunk so that a whole
+`t2va` / `fl2va` / `ref2va` request runs on a CPU in about a second. Nothing is downloaded.
+
+    python -m comfy_h3_nodes.tiny_checkpoint OUT_DIR [--seed N]
+
+Layout written (what `ModularPipeline.from_pretrained(OUT_DIR)` reads)::
+
+    modular_model_index.json
+    transformer/  transformer_ref/  vae/  audio_vae/  text_encoder/
+    tokenizer/  processor/  scheduler/  audio_scheduler/
+
+The same seed gives byte-identical files, whatever the output folder: the index names the
+components by a fixed placeholder repo id (`TINY_REPO_ID`), and diffusers loads every component
+whose files are present in the local folder from that folder instead.
+
+The processor is written by hand and carries no video processor, because transformers' video
+processors need torchvision. Loading a `Qwen3VLProcessor` without one needs
+`ensure_processor_compat()` in the loading process (importing this module does not call it; the
+builder does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from .engine.compat import ensure_processor_compat
+
+__all__ = [
+    "TINY_REPO_ID",
+    "TINY_SIZES",
+    "COMPONENT_NAMES",
+    "build_tiny_checkpoint",
+    "ensure_processor_compat",
+    "main",
+]
+
+# Placeholder id recorded in `modular_model_index.json`. It is never contacted as long as the component
+# folders sit next to the index (diffusers prefers local files); it deliberately does not name the real
+# MiniMaxAI repository, so a missing folder fails instead of pulling 120 GB.
+TINY_REPO_ID = "comfy-h3/tiny-minimax-h3"
+
+COMPONENT_NAMES = (
+    "transformer",
+    "transformer_ref",
+    "vae",
+    "audio_vae",
+    "text_encoder",
+    "tokenizer",
+    "processor",
+    "scheduler",
+    "audio_scheduler",
+)
+
+# Geometry callers may want to rely on (tests, fixtures).
+TINY_SIZES = {
+    "text_hidden_size": 32,  # prompt_embeds last dim == transformer text_dim
+    "text_num_layers": 51,  # MiniMax-H3 reads hidden_states[50]
+    "transformer_hidden_size": 24,
+    "video_latent_channels": 24,
+    "vae_spatial_compression": 16,
+    "vae_temporal_compression": 4,
+    "vae_clip_length": 17,
+    "audio_latent_channels": 32,
+    "audio_hop_length": 4,
+    "audio_sampling_rate": 160,  # 40 latents per second, as at real scale
+    "video_shift": 12.0,
+    "audio_shift": 3.0,
+}
+
+# Pipeline configs stored in the index (read back as `pipe.config.<name>`). Real values are 768, 768*1344
+# and 2048; the tiny ones keep an accidental size-less request CPU-cheap (t2va default canvas 64x128).
+TINY_PIPELINE_CONFIGS = {
+    "canvas_short_edge": 64,
+    "canvas_max_pixels": 64 * 128,
+    "reference_image_short_edge": 64,
+}
+
+# The special tokens of the Qwen2/Qwen3-VL vocabulary, in their real relative order.
+_SPECIAL_TOKENS = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+_TEXT_VOCAB_SIZE = 272  # 256 bytes + <|endoftext|> + 13 specials = 270, rounded up
+
+
+# --------------------------------------------------------------------------------------------------
+# Components
+# --------------------------------------------------------------------------------------------------
+
+
+def _seeded(seed: int, offset: int):
+    """Fork the global RNG and seed it for one component, so components are independent of build order."""
+    import torch
+
+    class _Ctx:
+        def __enter__(self):
+            self._fork = torch.random.fork_rng(devices=[])
+            self._fork.__enter__()
+            torch.manual_seed(seed * 1000 + offset)
+
+        def __exit__(self, *exc):
+            return self._fork.__exit__(*exc)
+
+    return _Ctx()
+
+
+def _make_transformer():
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    return MiniMaxH3Transformer3DModel(
+        num_attention_heads=2,
+        attention_head_dim=16,
+        hidden_size=24,
+        num_layers=2,
+        num_refiner_layers=1,
+        ffn_dim=48,
+        in_channels=24,
+        audio_in_channels=32,
+        patch_size=(1, 2, 2),
+        text_dim=32,
+        freq_dim=16,
+        time_embed_hidden_dim=32,
+        time_embed_dim=16,
+        rope_freq_dim=2,  # 2 * 3 * 2 = 12 of the 16 head channels are rotated
+        rope_theta=10000.0,
+    ).eval()
+
+
+def _latent_stats(generator, channels: int) -> tuple[list[float], list[float]]:
+    import torch
+
+    # Non-trivial normalisation stats, so a missing (de)normalisation shows up in tests.
+    mean = (torch.randn(channels, generator=generator) * 0.1).tolist()
+    std = (1.0 + torch.rand(channels, generator=generator) * 0.5).tolist()
+    return [round(v, 6) for v in mean], [round(v, 6) for v in std]
+
+
+def _make_vae(seed: int):
+    import torch
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    mean, std = _latent_stats(torch.Generator().manual_seed(seed * 1000 + 101), 24)
+    return AutoencoderKLMiniMaxH3(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=24,
+        block_out_channels=(8, 8, 16, 16),
+        layers_per_block=1,
+        spatial_downsample_factors=(2, 2, 2, 2),  # 16x
+        temporal_downsample_factors=(1, 2, 2, 1),  # 4x
+        norm_num_groups=4,
+        decoder_num_layers=1,
+        decoder_num_attention_heads=2,
+        decoder_attention_head_dim=8,
+        decoder_num_register_tokens=4,
+        decoder_ffn_mult=2,
+        clip_length=17,
+        token_drop=3,
+        latents_mean=tuple(mean),
+        latents_std=tuple(std),
+    ).eval()
+
+
+def _make_audio_vae(seed: int):
+    import torch
+    from diffusers import AutoencoderKLMiniMaxH3Audio
+
+    mean, std = _latent_stats(torch.Generator().manual_seed(seed * 1000 + 102), 32)
+    return AutoencoderKLMiniMaxH3Audio(
+        encoder_dim=4,
+        encoder_rates=(2, 2),  # hop 4
+        latent_dim=128,  # 128 / 2 heads = 64 != 32: exercises the adaptive pooling branch
+        latent_channels=32,
+        num_attention_heads=2,
+        decoder_dim=16,
+        decoder_rates=(2, 2),
+        decoder_kernel_sizes=(4, 4),
+        resblock_kernel_sizes=(3,),
+        resblock_dilation_sizes=((1, 3),),
+        sampling_rate=160,  # 160 / 4 = 40 latents per second, as at real scale
+        latents_mean=mean,
+        latents_std=std,
+    ).eval()
+
+
+def _make_tokenizer():
+    from tokenizers import AddedToken
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_to_unicode = bytes_to_unicode()
+    # Byte-level BPE with the 256-symbol byte alphabet and no merges: every UTF-8 byte is one token.
+    vocab = {byte_to_unicode[b]: b for b in range(256)}
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=32768)  # adds <|endoftext|> = 256
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS], special_tokens=True)
+    return tokenizer
+
+
+def _make_image_processor():
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    # Qwen3-VL's geometry (16 px patches, 2x2 merge, temporal patch 2, mean/std 0.5), with a pixel budget that
+    # keeps an image at 2x2 .. 4x4 merged tokens.
+    return Qwen2VLImageProcessorPil(
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        size={"shortest_edge": 32 * 32, "longest_edge": 64 * 64},
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+
+
+def _make_text_encoder(tokenizer):
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _SPECIAL_TOKENS}
+    config = Qwen3VLConfig(
+        text_config={
+            "vocab_size": _TEXT_VOCAB_SIZE,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 51,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "max_position_embeddings": 32768,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_section": [4, 2, 2],  # sums to head_dim / 2
+                "mrope_interleaved": True,
+            },
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_heads": 2,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": 32,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [0],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    return Qwen3VLForConditionalGeneration(config).eval()
+
+
+def _write_processor(folder: Path, tokenizer, image_processor) -> None:
+    """The `Qwen3VLProcessor` folder, by hand: tokenizer files plus a nested `processor_config.json`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(folder))
+    config = {
+        "image_processor": json.loads(image_processor.to_json_string()),
+        "processor_class": "Qwen3VLProcessor",
+    }
+    with open(folder / "processor_config.json", "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+
+
+def _write_index(out_dir: Path, components: dict) -> None:
+    """Write `modular_model_index.json` with diffusers' own serializer, pointing every component at TINY_REPO_ID."""
+    from diffusers.modular_pipelines import MiniMaxH3Blocks, MiniMaxH3ModularPipeline
+
+    pipe = MiniMaxH3ModularPipeline(blocks=MiniMaxH3Blocks())
+    pipe.update_components(**components, **TINY_PIPELINE_CONFIGS)
+    for name in COMPONENT_NAMES:
+        library, class_name, spec = pipe.config[name]
+        spec = dict(spec)
+        spec["pretrained_model_name_or_path"] = TINY_REPO_ID
+        spec["subfolder"] = name
+        spec["variant"] = None
+        spec["revision"] = None
+        pipe.register_to_config(**{name: (library, class_name, spec)})
+    pipe.save_config(save_directory=str(out_dir))
+
+
+def build_tiny_checkpoint(out_dir, seed: int = 0) -> Path:
+    """Write the tiny random checkpoint into `out_dir` (created; existing component folders are replaced).
+
+    Returns the checkpoint folder as a `Path`. Deterministic: the same `seed` writes byte-identical files.
+    """
+    import torch
+    from diffusers import MiniMaxH3Scheduler
+    from transformers import Qwen3VLProcessor
+
+    ensure_processor_compat()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in COMPONENT_NAMES:
+        shutil.rmtree(out_dir / name, ignore_errors=True)
+
+    with torch.no_grad():
+        with _seeded(seed, 1):
+            transformer = _make_transformer()
+        with _seeded(seed, 2):
+            # The `ref2va` partition: same architecture, its own weights, so a test can tell which one ran.
+            transformer_ref = _make_transformer()
+        with _seeded(seed, 3):
+            vae = _make_vae(seed)
+        with _seeded(seed, 4):
+            audio_vae = _make_audio_vae(seed)
+        tokenizer = _make_tokenizer()
+        image_processor = _make_image_processor()
+        with _seeded(seed, 5):
+            text_encoder = _make_text_encoder(tokenizer)
+
+    scheduler = MiniMaxH3Scheduler(shift=TINY_SIZES["video_shift"])
+    audio_scheduler = MiniMaxH3Scheduler(shift=TINY_SIZES["audio_shift"])
+    processor = Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
+
+    for name, model in (
+        ("transformer", transformer),
+        ("transformer_ref", transformer_ref),
+        ("vae", vae),
+        ("audio_vae", audio_vae),
+        ("text_encoder", text_encoder),
+        ("scheduler", scheduler),
+        ("audio_scheduler", audio_scheduler),
+        ("tokenizer", tokenizer),
+    ):
+        model.save_pretrained(str(out_dir / name))
+    _write_processor(out_dir / "processor", tokenizer, image_processor)
+
+    _write_index(
+        out_dir,
+        {
+            "transformer": transformer,
+            "transformer_ref": transformer_ref,
+            "vae": vae,
+            "audio_vae": audio_vae,
+            "text_encoder": text_encoder,
+            "tokenizer": tokenizer,
+            "processor": processor,
+            "scheduler": scheduler,
+            "audio_scheduler": audio_scheduler,
+        },
+    )
+    return out_dir
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m comfy_h3_nodes.tiny_checkpoint",
+        description="Write a tiny random MiniMax-H3 checkpoint (diffusers modular layout) for tests.",
+    )
+    parser.add_argument("out_dir", help="folder to write the checkpoint into")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (same seed -> identical files)")
+    args = parser.parse_args(argv)
+    path = build_tiny_checkpoint(args.out_dir, seed=args.seed)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The B side: the resident MiniMax-H3 DiT running every ``denoise.*`` block of diffusers, one request at a time.
+
+B loads only one transformer partition (``transformer`` for t2va/fl2va, ``transformer_ref`` for ref2va) plus the two
+schedulers. Both partitions together do not fit one Spark next to activations, so B holds one at a time; a request
+for the other swaps it and the swap is recorded (and reported) as a load. The schedulers are stateful: ``denoise``
+holds a lock for the whole request.
+
+Per-step reporting and cancellation are two small loop blocks inserted around diffusers' own ``denoiser`` and
+``update`` loop blocks; they cost microseconds per step.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from comfy_h3_nodes.engine import split, wire
+from comfy_h3_nodes.engine.backends import apply_attention_backend, resolve_attention_backend
+
+
+class DenoiseCancelled(RuntimeError):
+    """B stopped a request between two steps because its caller cancelled it."""
+
+
+@dataclass
+class StepRecord:
+    index: int
+    total: int
+    seconds: float
+
+
+@dataclass
+class StepMonitor:
+    """Per-request step bookkeeping shared with the two loop hook blocks."""
+
+    total: int = 0
+    on_step: Callable[[StepRecord], None] | None = None
+    should_cancel: Callable[[], bool] | None = None
+    request_id: str = ""
+    steps: list[StepRecord] = field(default_factory=list)
+    _t0: float = 0.0
+
+    def start(self, i: int) -> None:
+        if self.should_cancel is not None and self.should_cancel():
+            raise DenoiseCancelled(f"request {self.request_id} was cancelled before step {i + 1}/{self.total} on B")
+        self._t0 = time.perf_counter()
+
+    def end(self, i: int) -> None:
+        rec = StepRecord(i, self.total, time.perf_counter() - self._t0)
+        self.steps.append(rec)
+        if self.on_step is not None:
+            self.on_step(rec)
+
+
+class MonitorSlot:
+    """Holds the running request's monitor. Shared, never copied: ``init_pipeline`` deep-copies the blocks."""
+
+    def __init__(self):
+        self.monitor: StepMonitor | None = None
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def _hook_block(kind: str, slot: MonitorSlot):
+    """A diffusers loop block that calls the current request's monitor (``kind`` is ``start`` or ``end``)."""
+    from diffusers.modular_pipelines import ModularPipelineBlocks
+
+    class H3StepHook(ModularPipelineBlocks):
+        model_name = "minimax-h3"
+
+        @property
+        def description(self) -> str:
+            return f"comfy-h3: step {kind} hook (progress events and cancellation between steps)."
+
+        @property
+        def inputs(self):
+            return []
+
+        @property
+        def intermediate_outputs(self):
+            return []
+
+        def __call__(self, components, block_state, i, t):
+            monitor = slot.monitor
+            if monitor is not None:
+                monitor.total = len(block_state.timesteps)
+                getattr(monitor, kind)(i)
+            return components, block_state
+
+    return H3StepHook()
+
+
+@dataclass
+class DenoiseResult:
+    latents: wire.DenoisedLatents
+    steps: list[StepRecord]
+    compute_s: float
+    swap_s: float = 0.0
+
+
+class BSide:
+    """The resident DiT. ``denoise`` serves one request at a time."""
+
+    def __init__(self, model_dir: str | os.PathLike, partition: str = "transformer", dtype: str = "bfloat16",
+                 attention_backend: str = "sdpa", device: str | None = None, allow_swap: bool = True):
+        import torch
+
+        self._torch = torch
+        self.attention_backend = resolve_attention_backend(attention_backend)
+        self.device = split.pick_device(device)
+        self.dtype = dtype
+        self.allow_swap = allow_swap
+        self.model_dir = split.check_model_dir(model_dir, split.b_components(partition))
+        self._lock = threading.Lock()
+        self._slot = MonitorSlot()
+        self._pipes: dict[str, object] = {}
+        self.load_records: list[split.LoadRecord] = []
+        loaded = split.load_checked(self.model_dir, split.b_components(partition), dtype, self.device)
+        self._host = loaded.host
+        self.load_records.extend(loaded.records)
+        self.partition = partition
+        apply_attention_backend(getattr(self._host, partition), self.attention_backend)
+        self.text_dim = int(getattr(self._host, partition).config.text_dim)
+
+    # ------------------------------------------------------------------------------------------------ partitions
+    def _swap_to(self, partition: str) -> float:
+        """Unload the resident partition and load ``partition``; returns the seconds it took."""
+        if not self.allow_swap:
+            raise RuntimeError(
+                f"B holds the {self.partition!r} partition and was started without swapping; the request needs "
+                f"{partition!r}: start B with --partition {partition}."
+            )
+        t0 = time.perf_counter()
+        split.check_model_dir(self.model_dir, (partition,))
+        old = self.partition
+        setattr(self._host, old, None)
+        self._pipes.clear()
+        if self.device.startswith("cuda"):
+            self._torch.cuda.empty_cache()
+        loaded = split.load_checked(self.model_dir, (partition,), self.dtype, self.device,
+                                    reason=f"swap {old} -> {partition}", host=self._host)
+        self.load_records.extend(loaded.records)
+        apply_attention_backend(getattr(self._host, partition), self.attention_backend)
+        self.partition = partition
+        self.text_dim = int(getattr(self._host, partition).config.text_dim)
+        return time.perf_counter() - t0
+
+    def _pipe(self, workflow: str):
+        if workflow not in self._pipes:
+            blocks = split.split_workflow(workflow)["denoise"]
+            loop = next(b for b in blocks.sub_blocks.values() if hasattr(b, "loop_step"))
+            subs = dict(loop.sub_blocks)
+            loop.sub_blocks.clear()
+            loop.sub_blocks["h3_step_start"] = _hook_block("start", self._slot)
+            loop.sub_blocks.update(subs)
+            loop.sub_blocks["h3_step_end"] = _hook_block("end", self._slot)
+            self._pipes[workflow] = split.make_group_pipeline(blocks, self.model_dir, self._host,
+                                                              split.b_components(self.partition))
+        return self._pipes[workflow]
+
+    def resident(self) -> dict[str, str]:
+        return {n: type(getattr(self._host, n)).__name__ for n in split.b_components(self.partition)}
+
+    # ------------------------------------------------------------------------------------------------ denoise
+    def denoise(self, payload: wire.EncodedRequest, on_step: Callable[[StepRecord], None] | None = None,
+                should_cancel: Callable[[], bool] | None = None) -> DenoiseResult:
+        payload.validate(text_dim=self.text_dim)
+        with self._lock:
+            swap_s = 0.0
+            needed = split.PARTITION_OF[payload.workflow]
+            if needed != self.partition:
+                swap_s = self._swap_to(needed)
+            pipe = self._pipe(payload.workflow)
+            monitor = StepMonitor(total=payload.num_inference_steps, on_step=on_step, should_cancel=should_cancel,
+                                  request_id=payload.request_id)
+            self._slot.monitor = monitor
+            t0 = time.perf_counter()
+            try:
+                generator = self._torch.Generator("cpu").manual_seed(payload.seed)
+                out = pipe(**payload.pipeline_inputs(), generator=generator, output=["latents", "audio_latents"])
+            finally:
+                self._slot.monitor = None
+            compute_s = time.perf_counter() - t0
+        result = wire.DenoisedLatents(
+            request_id=payload.request_id,
+            workflow=payload.workflow,
+            height=payload.height,
+            width=payload.width,
+            num_frames=payload.num_frames,
+            latents=wire.WireTensor.from_torch(out["latents"].float()),
+            audio_latents=wire.WireTensor.from_torch(out["audio_latents"].float()),
+        )
+        return DenoiseResult(result.validate(), monitor.steps, compute_s, swap_s)
