@@ -104,7 +104,8 @@ class DiTActorImpl:
         p = self._progress.get(request_id)
         if p is None:
             return {"state": "queued", "steps": [], "total": 0, "error": None}
-        return {"state": p["state"], "steps": list(p["steps"]), "total": p["total"], "error": p["error"]}
+        return {"state": p["state"], "steps": list(p["steps"]), "total": p["total"], "error": p["error"],
+                "cancel_at_step": p.get("cancel_at_step")}
 
     @ray.method(concurrency_group="control")
     def cancel(self, request_id: str) -> bool:
@@ -113,6 +114,8 @@ class DiTActorImpl:
             p = self._progress.get(request_id)
             if p is not None and p["state"] in ("done", "failed", "cancelled"):
                 return False
+            if p is not None and "cancel_at_step" not in p:
+                p["cancel_at_step"] = len(p["steps"])
             self._cancelled.add(request_id)
         return True
 

@@ -45,14 +45,16 @@ class ASide:
         self._host = loaded.host
         self.load_records = loaded.records
         self._pipes: dict[tuple[str, str], object] = {}
+        self._accepts: dict[tuple[str, str], set[str]] = {}
         self._torch = torch
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _pipe(self, workflow: str, part: str):
         key = (workflow, part)
         if key not in self._pipes:
-            groups = split.split_workflow(workflow)
-            self._pipes[key] = split.make_group_pipeline(groups[part], self.model_dir, self._host, split.A_COMPONENTS)
+            blocks = split.split_workflow(workflow)[part]
+            self._accepts[key] = {p.name for p in blocks.inputs if p.name}
+            self._pipes[key] = split.make_group_pipeline(blocks, self.model_dir, self._host, split.A_COMPONENTS)
         return self._pipes[key]
 
     def resident(self) -> dict[str, str]:
@@ -62,9 +64,9 @@ class ASide:
         """The canvas a t2va request without a size gets (diffusers' 16:9 default, 768x1344 for the real model)."""
         from diffusers.modular_pipelines.minimax_h3.modular_pipeline import resolve_canvas_size
 
-        pipe = self._pipe("t2va", "encode")
-        return resolve_canvas_size(16, 9, pipe.canvas_multiple, pipe.config.canvas_short_edge,
-                                   pipe.config.canvas_max_pixels)
+        host = self._host  # the full pipeline over the folder's index: it carries the canvas configs
+        return resolve_canvas_size(16, 9, host.canvas_multiple, host.config.canvas_short_edge,
+                                   host.config.canvas_max_pixels)
 
     def encode_inputs(self, req: ValidRequest) -> dict:
         """The keyword inputs of the encode blocks for a validated request."""
@@ -88,7 +90,8 @@ class ASide:
         if req.workflow == "t2va" and req.height is None:
             req = req.with_canvas(*self.default_canvas())
         pipe = self._pipe(req.workflow, "encode")
-        state = pipe(**self.encode_inputs(req))
+        accepted = self._accepts[(req.workflow, "encode")]
+        state = pipe(**{k: v for k, v in self.encode_inputs(req).items() if k in accepted})
         get = state.get
         height = get("height") if get("height") is not None else req.height
         width = get("width") if get("width") is not None else req.width

@@ -211,8 +211,9 @@ def check_audio(clip: Any, name: str = "reference_audio") -> AudioClip:
     if wf.dtype.kind != "f":
         raise RequestError(f"{name} waveform has dtype {wf.dtype}; give float samples in -1..1.")
     if not np.isfinite(wf).all():
-        raise RequestError(f"{name} waveform holds NaN or inf samples.")
-    if not isinstance(clip.sample_rate, (int, np.integer)) or not 1 <= clip.sample_rate <= 384000:
+        raise RequestError(f"{name} waveform holds NaN or inf samples; fix the node that made it (samples in -1..1).")
+    if (isinstance(clip.sample_rate, bool) or not isinstance(clip.sample_rate, (int, np.integer))
+            or not 1 <= clip.sample_rate <= 384000):
         raise RequestError(f"{name} sample_rate is {clip.sample_rate!r}; give a positive rate in Hz (at most 384000).")
     if wf.shape[1] < clip.sample_rate // 10:
         raise RequestError(f"{name} is {wf.shape[1] / clip.sample_rate:.3f} s long; give at least 0.1 s.")

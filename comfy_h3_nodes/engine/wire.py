@@ -304,16 +304,19 @@ def _check_common(payload, max_bytes: int) -> None:
         v = getattr(payload, name)
         if not isinstance(v, int) or v <= 0 or v % 32:
             raise WireError(f"{name} is {v!r}, expected a positive multiple of 32.")
-    if not isinstance(payload.num_frames, int) or payload.num_frames % 17 != 5:
-        raise WireError(f"num_frames is {payload.num_frames!r}, expected the form 17 * n + 5.")
+    if not isinstance(payload.num_frames, int) or payload.num_frames < 5 or payload.num_frames % 17 != 5:
+        raise WireError(f"num_frames is {payload.num_frames!r}, expected the form 17 * n + 5 with n >= 0.")
     for name, t in payload.tensors().items():
         if not isinstance(t, WireTensor):
             raise WireError(f"{name} is a {type(t).__name__}, expected a WireTensor.")
+        if not isinstance(t.data, np.ndarray):
+            raise WireError(f"{name} carries a {type(t.data).__name__}, expected a numpy array.")
     total = payload.nbytes
     if total > max_bytes:
         raise WireError(
-            f"payload {payload.request_id} is {total / 2**20:.1f} MiB, over the {max_bytes / 2**20:.0f} MiB cap "
-            "(H3_MAX_PAYLOAD_BYTES): use fewer or smaller references, or raise the cap on both machines."
+            f"payload {payload.request_id} is {total} bytes ({total / 2**20:.1f} MiB), over the {max_bytes}-byte cap "
+            f"({max_bytes / 2**20:.1f} MiB, H3_MAX_PAYLOAD_BYTES): use fewer or smaller references, or raise the cap "
+            "on both machines."
         )
 
 
