@@ -212,3 +212,30 @@ def test_bad_request_fails_fast_and_actors_survive(executor, media):
     with pytest.raises(RequestError, match="height 500 is not a multiple of 32"):
         executor.generate(H3Request(prompt=PROMPT, height=500, width=64))
     assert executor.check_health()["B"]["ok"]
+
+
+@pytest.fixture(scope="module")
+def local_executor(executor, tiny_ckpt):
+    """A in this process (as inside ComfyUI), the same resident B actor as the session executor."""
+    from comfy_h3_nodes.engine.executor import H3Executor, SideConfig
+
+    ex = H3Executor(SideConfig(str(tiny_ckpt), dtype="float32"), executor.b_config, a_mode="local",
+                    timeouts=executor.timeouts)
+    ex.start()
+    yield ex
+    ex.shutdown(kill_b=False)
+
+
+@pytest.mark.parametrize("workflow", ["t2va", "ref2va"])
+def test_local_a_bit_exact(local_executor, executor, tiny_ckpt, media, workflow):
+    import ray
+
+    b_pid = ray.get(executor.b.health.remote())["pid"]
+    result = local_executor.generate(workflow_request(workflow, media)[0])
+    expected = single_process_reference(tiny_ckpt, workflow, media)
+    assert np.array_equal(result.media.frames, expected["videos"][0])
+    assert np.array_equal(result.media.audio, expected["audio"][0].numpy())
+    assert ray.get(local_executor.b.health.remote())["pid"] == b_pid  # one resident B serves both drivers
+    recs = {r.stage: r for r in result.records}
+    assert recs["encode"].serialize_s > 0 and recs["b_to_a"].machine == "A"
+    assert local_executor.check_health()["A"]["node_ip"] == "127.0.0.2"

@@ -23,8 +23,9 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
+from . import actor_common as common
 from . import cluster as cl
-from .a_side import DecodedMedia
+from .a_side import ASide, DecodedMedia
 from .actor_common import FORWARDED_ENV, unwrap_ray_error
 from .request import H3Request, validate_request
 from .timing import StageRecord, TimingLog
@@ -134,7 +135,12 @@ async def _await_ref(ref, timeout: float):
 
 class H3Executor:
     def __init__(self, a: SideConfig, b: BConfig, *, max_in_flight: int = 2, timeouts: Timeouts | None = None,
-                 env: dict | None = None, timing_log: TimingLog | None = None, a_name: str | None = None):
+                 env: dict | None = None, timing_log: TimingLog | None = None, a_name: str | None = None,
+                 a_mode: str = "actor", local_a: ASide | None = None):
+        """``a_mode="actor"`` runs A in a Ray actor on the A node; ``"local"`` runs it in this process (ComfyUI),
+        which must then be a driver on the A node. ``local_a`` reuses an already resident A side."""
+        if a_mode not in ("actor", "local"):
+            raise ValueError(f"a_mode is {a_mode!r}; expected 'actor' or 'local'.")
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1.")
         self.a_config, self.b_config = a, b
@@ -143,6 +149,9 @@ class H3Executor:
         self.env = dict(env or {})
         self.timings = timing_log or TimingLog()
         self.a_name = a_name
+        self.a_mode = a_mode
+        self.local_a = local_a
+        self._local_started = time.time()
         self.a = self.b = None
         self.topology: cl.Topology | None = None
         self._loop = _LoopThread()
@@ -169,10 +178,22 @@ class H3Executor:
         from .actors import encoder_actor_class
 
         self.topology = cl.validate_topology()
-        a_opts = {"resources": {cl.ROLE_A: 1}, "runtime_env": self._runtime_env(), "max_restarts": 0}
-        if self.a_name:
-            a_opts.update(name=self.a_name, namespace=self.b_config.namespace, get_if_exists=True)
-        self.a = encoder_actor_class().options(**a_opts).remote(asdict(self.a_config))
+        if self.a_mode == "local":
+            here = ray.get_runtime_context().get_node_id()
+            if here != self.topology.a.node_id:
+                raise H3Error(
+                    f"this process runs on Ray node {ray.util.get_node_ip_address()}, not on the A node "
+                    f"{self.topology.a.ip}: start ComfyUI on machine A and join the cluster there."
+                )
+            if self.local_a is None:
+                c = self.a_config
+                self.local_a = ASide(c.model_dir, dtype=c.dtype, attention_backend=c.attention_backend,
+                                     device=c.device)
+        else:
+            a_opts = {"resources": {cl.ROLE_A: 1}, "runtime_env": self._runtime_env(), "max_restarts": 0}
+            if self.a_name:
+                a_opts.update(name=self.a_name, namespace=self.b_config.namespace, get_if_exists=True)
+            self.a = encoder_actor_class().options(**a_opts).remote(asdict(self.a_config))
         self.b = dit_actor_class().options(
             name=self.b_config.name, namespace=self.b_config.namespace, lifetime="detached", get_if_exists=True,
             resources={cl.ROLE_B: 1}, max_restarts=self.b_config.max_restarts, max_task_retries=0,
@@ -198,7 +219,10 @@ class H3Executor:
     def _verify_placement(self) -> None:
         import ray
 
-        for role, actor, node in (("A", self.a, self.topology.a), ("B", self.b, self.topology.b)):
+        pairs = [("B", self.b, self.topology.b)]
+        if self.a is not None:
+            pairs.insert(0, ("A", self.a, self.topology.a))
+        for role, actor, node in pairs:
             try:
                 ip = ray.get(actor.ping.remote(), timeout=self.timeouts.start)
             except ray.exceptions.GetTimeoutError as exc:
@@ -218,7 +242,9 @@ class H3Executor:
         import ray
 
         out = {}
-        for role, actor in (("A", self.a), ("B", self.b)):
+        if self.a_mode == "local":
+            out["A"] = common.base_health("A", self.local_a, self._local_started)
+        for role, actor in ([("A", self.a)] if self.a is not None else []) + [("B", self.b)]:
             try:
                 out[role] = ray.get(actor.health.remote(), timeout=self.timeouts.health)
             except ray.exceptions.GetTimeoutError as exc:
@@ -236,8 +262,9 @@ class H3Executor:
     def load_records(self) -> dict[str, list]:
         import ray
 
-        return {"A": ray.get(self.a.load_records.remote(), timeout=self.timeouts.health),
-                "B": ray.get(self.b.load_records.remote(), timeout=self.timeouts.health)}
+        a = (list(self.local_a.load_records) if self.a_mode == "local"
+             else ray.get(self.a.load_records.remote(), timeout=self.timeouts.health))
+        return {"A": a, "B": ray.get(self.b.load_records.remote(), timeout=self.timeouts.health)}
 
     # ------------------------------------------------------------------------------------------------ stages
     async def _encode(self, request: H3Request) -> Encoded:
@@ -245,6 +272,10 @@ class H3Executor:
 
         req = validate_request(request)  # clear errors before anything is sent
         rid = req.request_id
+        if self.a_mode == "local":
+            enc = await asyncio.to_thread(self.encode_local, req)
+            self.timings.add([enc.record])
+            return enc
         payload_ref, rec_ref = self.a.encode.remote(req)
         try:
             rec = await _await_ref(rec_ref, self.timeouts.encode)
@@ -255,6 +286,50 @@ class H3Executor:
             raise _remote_error("A", "encode", rid, exc) from None
         self.timings.add([rec])
         return Encoded(rid, req.workflow, payload_ref, rec, req.steps)
+
+    def encode_local(self, req) -> Encoded:
+        """Encode in this process and put the payload into this node's object store (A's)."""
+        import ray
+
+        w0, t0 = time.time(), time.perf_counter()
+        payload = self.local_a.encode(req)
+        t1 = time.perf_counter()
+        return self.put_payload(payload, w0, t1 - t0)
+
+    def put_payload(self, payload, started: float, compute_s: float) -> Encoded:
+        import ray
+
+        t1 = time.perf_counter()
+        ref = ray.put(payload)
+        rec = StageRecord(payload.request_id, "encode", "A", ray.util.get_node_ip_address(), started, time.time(),
+                          compute_s=compute_s, serialize_s=time.perf_counter() - t1, bytes=payload.field_bytes())
+        return Encoded(payload.request_id, payload.workflow, ref, rec, payload.num_inference_steps)
+
+    def receive_local(self, den: "Denoised"):
+        """A (this process) receives B's latents: bounded wait, fetch, validate, materialise; timed here."""
+        import ray
+
+        w0 = time.time()
+        latents, wait_s, fetch_s = common.receive(den.latents_ref, self.timeouts.handoff, "A", "B->A",
+                                                  den.request_id)
+        t_v = time.perf_counter()
+        latents.validate()
+        validate_s = time.perf_counter() - t_v
+        mat_s = common.materialize(latents)
+        rec = StageRecord(den.request_id, "b_to_a", "A", ray.util.get_node_ip_address(), w0, time.time(),
+                          producer_wait_s=wait_s, fetch_s=fetch_s, materialize_s=mat_s, validate_s=validate_s,
+                          bytes=latents.field_bytes())
+        return latents, rec
+
+    def decode_local(self, latents, request_id: str):
+        import ray
+
+        w0, t0 = time.time(), time.perf_counter()
+        media = self.local_a.decode(latents)
+        rec = StageRecord(request_id, "decode", "A", ray.util.get_node_ip_address(), w0, time.time(),
+                          compute_s=time.perf_counter() - t0,
+                          bytes={"frames": int(media.frames.nbytes), "audio": int(media.audio.nbytes)})
+        return media, rec
 
     async def _denoise(self, enc: Encoded, on_step: Callable[[StepEvent], None] | None = None) -> Denoised:
         import ray
@@ -310,6 +385,11 @@ class H3Executor:
         import ray
 
         rid = den.request_id
+        if self.a_mode == "local":
+            latents, b_to_a = await asyncio.to_thread(self.receive_local, den)
+            media, dec = await asyncio.to_thread(self.decode_local, latents, rid)
+            self.timings.add([b_to_a, dec])
+            return media, [b_to_a, dec]
         media_ref, recs_ref = self.a.decode.remote([den.latents_ref], rid, self.timeouts.handoff)
         try:
             records = await _await_ref(recs_ref, self.timeouts.decode)

@@ -18,7 +18,7 @@ from typing import Iterable
 
 STAGES = ("encode", "a_to_b", "denoise", "b_to_a", "decode")
 CSV_FIELDS = ("request_id", "stage", "machine", "node", "start", "end", "producer_wait_s", "fetch_s",
-              "materialize_s", "validate_s", "compute_s", "bytes", "steps", "load_s", "note")
+              "materialize_s", "validate_s", "serialize_s", "compute_s", "bytes", "steps", "load_s", "note")
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class StageRecord:
     fetch_s: float = 0.0
     materialize_s: float = 0.0
     validate_s: float = 0.0
+    serialize_s: float = 0.0
     compute_s: float = 0.0
     bytes: dict = field(default_factory=dict)
     steps: tuple = ()
