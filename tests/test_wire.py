@@ -366,6 +366,10 @@ REFUSALS = [
      ["latents", "claims dtype float32", "float64 words"]),
     ("carrier-int64-as-int32", lambda: t2va(text_token_tags=WireTensor("int64", np.zeros(15, np.int32))), {},
      ["text_token_tags", "claims dtype int64", "int32 words"]),
+    ("carrier-fp16-as-bf16", lambda: t2va(prompt_embeds=WireTensor("bfloat16", np.zeros((1, 15, 32), np.float16))), {},
+     ["prompt_embeds", "claims dtype bfloat16", "float16 words", "uint16"]),
+    ("carrier-int32-as-fp32", lambda: denoised(latents=WireTensor("float32", np.zeros(_LAT, np.int32))), {},
+     ["latents", "claims dtype float32", "int32 words"]),
     ("carrier-not-numpy", lambda: t2va(prompt_embeds=WireTensor("float32", [[[0.0] * 32] * 15])), {},
      ["prompt_embeds", "list", "numpy array"]),
     ("truncated-latents", lambda: denoised(latents=_truncated_latents()), {},
@@ -448,6 +452,12 @@ def test_summarize_every_payload_is_json(make):
     p = make()
     s = summarize(p)
     text = json.dumps(s)
+    for f in dataclasses.fields(p):  # tensor descriptions are plain lists, in one form for single and tuple fields
+        v = getattr(p, f.name)
+        for entry in ([s[f.name]] if isinstance(v, WireTensor) else s[f.name] if v and isinstance(v, tuple)
+                      and isinstance(v[0], WireTensor) else []):
+            assert type(entry["shape"]) is list and entry["shape"] == list(entry["shape"]), f.name
+            assert entry["dtype"] in ("float32", "float16", "bfloat16", "int64")
     assert set(s) == {f.name for f in dataclasses.fields(p)}
     assert json.loads(text)["request_id"] == p.request_id
     for name in p.tensors():

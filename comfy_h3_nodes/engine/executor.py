@@ -13,7 +13,7 @@ All scheduling runs on one private asyncio loop thread; the sync API (``generate
 from __future__ import annotations
 
 import asyncio
-import itertools
+import dataclasses
 import logging
 import os
 import pathlib
@@ -159,7 +159,6 @@ class H3Executor:
         self._cancelled: set[str] = set()
         self._in_flight = 0
         self.max_seen_in_flight = 0
-        self._ids = itertools.count()
 
     # ------------------------------------------------------------------------------------------------ start
     def _runtime_env(self) -> dict:
@@ -185,7 +184,7 @@ class H3Executor:
                     f"this process runs on Ray node {ray.util.get_node_ip_address()}, not on the A node "
                     f"{self.topology.a.ip}: start ComfyUI on machine A and join the cluster there."
                 )
-            if self.local_a is None:
+            if self.local_a is None and self.a_config.model_dir:
                 c = self.a_config
                 self.local_a = ASide(c.model_dir, dtype=c.dtype, attention_backend=c.attention_backend,
                                      device=c.device)
@@ -200,8 +199,23 @@ class H3Executor:
             runtime_env=self._runtime_env(),
         ).remote(asdict(self.b_config))
         self._verify_placement()
-        self.check_health()
+        health = self.check_health()
+        self._check_b_config(health["B"])
         return self
+
+    def _check_b_config(self, b: dict) -> None:
+        """A named B actor found running must serve the model and dtype this caller asked for."""
+        want = self.b_config
+        problems = []
+        if want.model_dir and os.path.realpath(want.model_dir) != os.path.realpath(b["model_dir"]):
+            problems.append(f"model {b['model_dir']} (asked: {want.model_dir})")
+        if b["dtype"] != want.dtype:
+            problems.append(f"dtype {b['dtype']} (asked: {want.dtype})")
+        if problems:
+            raise H3Error(
+                f"the B actor {want.name!r} is already running with {' and '.join(problems)}; set the node to match, "
+                f"or stop it (`python -m remote_worker stop --name {want.name}`) so it restarts with these settings."
+            )
 
     def attach_b(self, name: str, namespace: str = cl.NAMESPACE):
         """Use an already running, named B actor (started by ``remote_worker setup`` or another driver)."""
@@ -237,21 +251,22 @@ class H3Executor:
                 raise H3Error(f"the {role} actor runs on {ip}, expected the {role} node {node.ip}.")
 
     # ------------------------------------------------------------------------------------------------ health
-    def check_health(self) -> dict:
+    def check_health(self, timeout: float | None = None) -> dict:
         """Both actors answer within the health bound, and their versions agree (wire schema included)."""
         import ray
 
+        bound = timeout or self.timeouts.health
         out = {}
-        if self.a_mode == "local":
+        if self.a_mode == "local" and self.local_a is not None:
             out["A"] = common.base_health("A", self.local_a, self._local_started)
         for role, actor in ([("A", self.a)] if self.a is not None else []) + [("B", self.b)]:
             try:
-                out[role] = ray.get(actor.health.remote(), timeout=self.timeouts.health)
+                out[role] = ray.get(actor.health.remote(), timeout=bound)
             except ray.exceptions.GetTimeoutError as exc:
-                raise H3Timeout(f"machine {role} did not answer a health check within {self.timeouts.health:.0f} s.") from exc
+                raise H3Timeout(f"machine {role} did not answer a health check within {bound:.0f} s.") from exc
             except ray.exceptions.RayError as exc:
                 raise H3Error(f"machine {role} failed its health check: {_first_line(unwrap_ray_error(exc))}") from exc
-        va, vb = out["A"]["versions"], out["B"]["versions"]
+        va, vb = (out["A"] if "A" in out else {"versions": common.versions()})["versions"], out["B"]["versions"]
         diff = {k: (va.get(k), vb.get(k)) for k in set(va) | set(vb) if va.get(k) != vb.get(k)}
         if diff:
             desc = ", ".join(f"{k} A={a} B={b}" for k, (a, b) in sorted(diff.items()))
@@ -368,7 +383,9 @@ class H3Executor:
                         f"B made no denoise progress on request {rid} for {self.timeouts.stall:.0f} s; it was "
                         "asked to stop. Check B with `python -m remote_worker status`."
                     )
-            records = fut.result()
+            records = list(fut.result())
+            # the A->B record is B's (receiver's clock); the put into A's object store happened on A
+            records[0] = dataclasses.replace(records[0], serialize_s=enc.record.serialize_s)
         except ray.exceptions.RayError as exc:
             err = _remote_error("B", "denoise", rid, exc)
             if rid in self._cancelled:

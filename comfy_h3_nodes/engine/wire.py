@@ -326,7 +326,7 @@ def summarize(payload) -> dict[str, Any]:
     for f in dataclasses.fields(payload):
         v = getattr(payload, f.name)
         if isinstance(v, WireTensor):
-            out[f.name] = {"dtype": v.dtype, "shape": v.shape}
+            out[f.name] = {"dtype": v.dtype, "shape": list(v.shape)}
         elif isinstance(v, tuple) and v and isinstance(v[0], WireTensor):
             out[f.name] = [{"dtype": t.dtype, "shape": list(t.shape)} for t in v]
         elif isinstance(v, tuple) and v and isinstance(v[0], ReferenceMeta):

@@ -1,0 +1,20 @@
+"""comfy-h3 as a ComfyUI custom node pack: this folder, cloned into ComfyUI/custom_nodes/, is the pack.
+
+Importing it is cheap and never needs Ray, diffusers or a GPU: those load when a node first runs.
+"""
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:  # makes `comfy_h3_nodes` and `remote_worker` importable as top-level packages
+    sys.path.insert(0, _HERE)
+
+from comfy_h3_nodes.host import register_routes  # noqa: E402
+from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
+
+register_routes()
+
+WEB_DIRECTORY = "./web"
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]

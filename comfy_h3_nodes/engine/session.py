@@ -1,0 +1,130 @@
+"""Process-wide resident state: the A side, the cluster connection, DiT handles and the timing log.
+
+ComfyUI re-executes nodes whenever their inputs change; the heavy things must not be rebuilt then. This module keeps
+one resident :class:`~.a_side.ASide` per (model folder, dtype, attention backend), one cluster connection per process
+(the embedded two-node default, or an address) and one executor per B actor. It knows nothing of ComfyUI.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from . import cluster as cl
+from .timing import TimingLog
+
+_lock = threading.RLock()
+TIMINGS = TimingLog()
+_encoders: dict[tuple, object] = {}
+_executors: dict[tuple, object] = {}
+
+
+@dataclass
+class ClusterState:
+    mode: str = ""           # "local" (embedded) or "address"
+    address: str = ""
+    embedded: cl.EmbeddedCluster | None = None
+    started: float = 0.0
+
+
+CLUSTER = ClusterState()
+
+
+def encoders(model_path: str, dtype: str = "bfloat16", attention_backend: str = "sdpa", device: str | None = None):
+    """The resident A side for this configuration (loaded on first use, then reused)."""
+    from .a_side import ASide
+
+    key = (str(model_path), dtype, attention_backend, device)
+    with _lock:
+        if key not in _encoders:
+            _encoders[key] = ASide(model_path, dtype=dtype, attention_backend=attention_backend, device=device)
+        return _encoders[key]
+
+
+def ensure_cluster(address: str = "local", token_file: str | None = None) -> ClusterState:
+    """Join (or start, for ``local``) the cluster once per process; a different address afterwards is an error."""
+    import ray
+
+    address = (address or "local").strip()
+    with _lock:
+        if CLUSTER.mode:
+            wanted = "local" if address == "local" else address
+            have = "local" if CLUSTER.mode == "local" else CLUSTER.address
+            if wanted != have:
+                raise cl.ClusterError(
+                    f"this process is already joined to the Ray cluster {have!r}; it cannot also join {wanted!r}. "
+                    "Restart ComfyUI to switch clusters."
+                )
+            if ray.is_initialized():
+                return CLUSTER
+            CLUSTER.mode = ""  # Ray was shut down underneath us: join again
+        if address == "local":
+            CLUSTER.embedded = cl.EmbeddedCluster().start()
+            CLUSTER.mode, CLUSTER.address = "local", CLUSTER.embedded.address
+        else:
+            cl.connect(address, token_file=token_file)
+            CLUSTER.mode, CLUSTER.address = "address", address
+        CLUSTER.started = time.time()
+        return CLUSTER
+
+
+def adopt_cluster(address: str) -> None:
+    """Treat an already joined cluster (started by this process's caller, e.g. a test session) as ``local``."""
+    with _lock:
+        CLUSTER.mode, CLUSTER.address, CLUSTER.embedded, CLUSTER.started = "local", address, None, time.time()
+
+
+def dit(address: str, name: str, namespace: str, model_path: str, partition: str = "transformer",
+        dtype: str = "bfloat16", attention_backend: str = "sdpa", timeouts=None, threads: int | None = None):
+    """An executor (A in this process) bound to the named B actor; started, topology and health checked."""
+    from .executor import BConfig, H3Executor, SideConfig
+
+    ensure_cluster(address)
+    key = (address, name, namespace, str(model_path), partition, dtype, attention_backend)
+    with _lock:
+        ex = _executors.get(key)
+        if ex is None:
+            ex = H3Executor(SideConfig(""), BConfig(str(model_path), partition=partition, dtype=dtype,
+                                                    attention_backend=attention_backend, name=name,
+                                                    namespace=namespace, threads=threads),
+                            a_mode="local", timeouts=timeouts)
+            ex.start()
+            _executors[key] = ex
+        return ex
+
+
+def status(timeout: float = 5.0) -> dict:
+    """What ``GET /h3/status`` answers: cluster, nodes, actors, health; never raises, never hangs."""
+    import sys
+
+    out = {"connected": False, "cluster": {"mode": CLUSTER.mode or None, "address": CLUSTER.address or None},
+           "nodes": [], "actors": [], "error": None, "time": time.time()}
+    if "ray" not in sys.modules:
+        out["error"] = "not connected: run a graph with an H3RemoteDiT node to join the cluster"
+        return out
+    import ray
+
+    if not ray.is_initialized():
+        out["error"] = "not connected: run a graph with an H3RemoteDiT node to join the cluster"
+        return out
+    out["connected"] = True
+    try:
+        out["nodes"] = [n.describe() for n in cl.list_nodes()]
+        out["topology"] = cl.validate_topology().to_dict()
+    except Exception as exc:  # noqa: BLE001 - reported to the UI
+        out["error"] = str(exc)
+    with _lock:
+        executors = list(_executors.items())
+    for key, ex in executors:
+        entry = {"name": key[1], "namespace": key[2], "partition": key[4]}
+        try:
+            entry["health"] = ex.check_health(timeout=min(ex.timeouts.health, timeout))
+        except Exception as exc:  # noqa: BLE001 - reported to the UI
+            entry["error"] = str(exc)
+            out["error"] = out["error"] or f"B actor {key[1]!r} is unreachable: {exc}"
+        out["actors"].append(entry)
+    with _lock:
+        out["encoders"] = [{"model_path": k[0], "dtype": k[1], "attention_backend": k[2],
+                            "resident": e.resident()} for k, e in _encoders.items()]
+    return out

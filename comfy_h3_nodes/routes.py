@@ -1,0 +1,35 @@
+"""HTTP handlers behind ``GET /h3/status`` and ``GET /h3/timings`` (aiohttp; registered on ComfyUI's server by
+:func:`comfy_h3_nodes.host.register_routes`, and on any aiohttp app by :func:`add_routes`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from .engine import session
+
+
+async def status_handler(request: web.Request) -> web.Response:
+    # health calls block on Ray (each bounded): keep them off the server's event loop
+    data = await asyncio.to_thread(session.status)
+    return web.json_response(data, dumps=_dumps)
+
+
+async def timings_handler(request: web.Request) -> web.Response:
+    rid = request.query.get("request_id") or None
+    if request.query.get("format") == "csv":
+        return web.Response(text=session.TIMINGS.to_csv(rid), content_type="text/csv",
+                            headers={"Content-Disposition": 'attachment; filename="h3_timings.csv"'})
+    return web.json_response({"records": session.TIMINGS.to_json(rid)}, dumps=_dumps)
+
+
+def add_routes(app: web.Application, prefix: str = "") -> None:
+    app.router.add_get(f"{prefix}/h3/status", status_handler)
+    app.router.add_get(f"{prefix}/h3/timings", timings_handler)
+
+
+def _dumps(obj) -> str:
+    import json
+
+    return json.dumps(obj, default=str)

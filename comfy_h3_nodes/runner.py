@@ -1,0 +1,434 @@
+"""Headless runner: executes a saved workflow of this pack's nodes without ComfyUI.
+
+``python -m comfy_h3_nodes run WORKFLOW.json [--tiny | --model-path DIR] [--set ID.input=VALUE ...]`` takes the
+editor's UI format (version 0.4) or the API format (what ``POST /prompt`` takes), checks every node against the
+pack's ``INPUT_TYPES`` (unknown types, missing links and bad widget values are reported before anything runs),
+executes the graph in dependency order through the same node classes ComfyUI runs, shows progress, prints a per-node
+timing table and writes the MP4. ``python -m comfy_h3_nodes demo`` runs the t2va example on the embedded two-node
+cluster with a tiny random checkpoint (generated on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import os
+import pathlib
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+PACK_ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = PACK_ROOT / "example_workflows"
+UI_ONLY_TYPES = {"Note", "MarkdownNote"}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
+SEED_CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+
+
+class WorkflowError(ValueError):
+    """A workflow the runner cannot execute; the message names the node and the fix."""
+
+
+def _mappings():
+    from .nodes import NODE_CLASS_MAPPINGS
+    from .runner_core import CORE_NODES
+
+    return {**NODE_CLASS_MAPPINGS, **CORE_NODES}
+
+
+def input_specs(cls) -> dict[str, tuple]:
+    """name -> (type_or_choices, options, section) in declaration order (required, then optional)."""
+    spec = cls.INPUT_TYPES()
+    out = {}
+    for section in ("required", "optional"):
+        for name, entry in (spec.get(section) or {}).items():
+            typ = entry[0]
+            opts = entry[1] if len(entry) > 1 else {}
+            out[name] = (typ, opts, section)
+    return out
+
+
+def is_widget(typ) -> bool:
+    return isinstance(typ, (list, tuple)) or typ in WIDGET_TYPES
+
+
+def widget_names(cls) -> list[str]:
+    return [n for n, (typ, _, _) in input_specs(cls).items() if is_widget(typ)]
+
+
+# ------------------------------------------------------------------------------------------------ UI -> API
+def ui_to_api(workflow: dict, mappings=None) -> dict:
+    """The API prompt the frontend would build from a UI-format workflow (widget values named, links as refs)."""
+    mappings = mappings or _mappings()
+    links = {int(link[0]): link for link in workflow.get("links") or []}
+    unknown = sorted({n["type"] for n in workflow["nodes"]
+                      if n["type"] not in mappings and n["type"] not in UI_ONLY_TYPES})
+    if unknown:
+        raise WorkflowError(
+            f"the workflow uses node types this runner does not have: {', '.join(unknown)}; it runs only this "
+            f"pack's nodes ({', '.join(sorted(mappings))}). Open it in ComfyUI instead."
+        )
+    api = {}
+    for node in workflow["nodes"]:
+        if node["type"] in UI_ONLY_TYPES or node.get("mode", 0) == 2:
+            continue
+        if node.get("mode", 0) == 4:
+            raise WorkflowError(f"node {node['id']} ({node['type']}) is bypassed; the runner does not bypass nodes.")
+        cls = mappings[node["type"]]
+        specs = input_specs(cls)
+        values = node.get("widgets_values") or []
+        if isinstance(values, dict):
+            values = [values.get(n) for n in widget_names(cls)]
+        values = list(values)
+        inputs: dict = {}
+        pos = 0
+        for name in widget_names(cls):
+            if pos >= len(values):
+                raise WorkflowError(
+                    f"node {node['id']} ({node['type']}) has {len(values)} widget values; input {name!r} has none."
+                )
+            inputs[name] = values[pos]
+            pos += 1
+            if specs[name][1].get("control_after_generate") and pos < len(values) \
+                    and values[pos] in SEED_CONTROL_VALUES:
+                pos += 1
+        for inp in node.get("inputs") or []:
+            link_id = inp.get("link")
+            if link_id is None:
+                continue
+            if int(link_id) not in links:
+                raise WorkflowError(f"node {node['id']} input {inp['name']!r} names link {link_id}, which is missing.")
+            link = links[int(link_id)]
+            inputs[inp["name"]] = [str(link[1]), int(link[2])]
+        api[str(node["id"])] = {"class_type": node["type"], "inputs": inputs,
+                                "_meta": {"title": node.get("title") or node["type"]}}
+    return api
+
+
+def load_workflow(path: str | os.PathLike) -> tuple[dict, dict | None]:
+    """``(api_prompt, ui_workflow_or_None)`` from a UI- or API-format JSON file."""
+    p = pathlib.Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise WorkflowError(f"workflow file {p} does not exist.") from None
+    except json.JSONDecodeError as exc:
+        raise WorkflowError(f"workflow file {p} is not valid JSON: {exc}.") from None
+    if isinstance(data, dict) and isinstance(data.get("nodes"), list):
+        return ui_to_api(data), data
+    if isinstance(data, dict) and data and all(isinstance(v, dict) and "class_type" in v for v in data.values()):
+        return data, None
+    raise WorkflowError(f"{p} is neither a ComfyUI UI workflow (with 'nodes') nor an API prompt.")
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def check_prompt(api: dict, mappings=None) -> list[str]:
+    """Every node against INPUT_TYPES: known type, required inputs present, links to existing outputs of the right
+    type, literal values of the right kind, and VALIDATE_INPUTS. Returns the execution order."""
+    mappings = mappings or _mappings()
+    unknown = sorted({n["class_type"] for n in api.values() if n["class_type"] not in mappings})
+    if unknown:
+        raise WorkflowError(f"unknown node types: {', '.join(unknown)}; this runner runs only this pack's nodes.")
+    for nid, node in api.items():
+        cls = mappings[node["class_type"]]
+        specs = input_specs(cls)
+        inputs = node.get("inputs", {})
+        where = f"node {nid} ({node['class_type']})"
+        for name, (typ, opts, section) in specs.items():
+            value = inputs.get(name)
+            if value is None:
+                if section == "required":
+                    kind = "a value" if is_widget(typ) else f"a link from a {typ} output"
+                    raise WorkflowError(f"{where} is missing input {name!r}: connect {kind}.")
+                continue
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+                src = api.get(value[0])
+                if src is None:
+                    raise WorkflowError(f"{where} input {name!r} links to node {value[0]}, which is not in the graph.")
+                src_cls = mappings[src["class_type"]]
+                if value[1] >= len(src_cls.RETURN_TYPES):
+                    raise WorkflowError(f"{where} input {name!r} links to output {value[1]} of node {value[0]}, "
+                                        f"which has {len(src_cls.RETURN_TYPES)} outputs.")
+                out_type = src_cls.RETURN_TYPES[value[1]]
+                want = "COMBO" if isinstance(typ, (list, tuple)) else typ
+                if out_type != want:
+                    raise WorkflowError(f"{where} input {name!r} expects {want} but is linked to a {out_type} output "
+                                        f"of node {value[0]} ({src['class_type']}).")
+                continue
+            _check_literal(where, name, typ, opts, value)
+        if hasattr(cls, "VALIDATE_INPUTS"):
+            literal = {k: v for k, v in inputs.items() if not (isinstance(v, list) and len(v) == 2)}
+            params = inspect.signature(cls.VALIDATE_INPUTS).parameters
+            has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
+            kwargs = literal if has_var_kw else {k: v for k, v in literal.items() if k in params}
+            verdict = cls.VALIDATE_INPUTS(**kwargs)
+            if verdict is not True:
+                raise WorkflowError(f"{where}: {verdict}")
+    return _topological_order(api)
+
+
+def _check_literal(where, name, typ, opts, value):
+    if isinstance(typ, (list, tuple)):
+        if value not in typ:
+            raise WorkflowError(f"{where} input {name!r} is {value!r}; choose one of {list(typ)}.")
+    elif typ == "INT":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise WorkflowError(f"{where} input {name!r} is {value!r}; it must be a whole number.")
+        lo, hi = opts.get("min"), opts.get("max")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise WorkflowError(f"{where} input {name!r} is {value}; it must be within {lo}..{hi}.")
+    elif typ == "FLOAT":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise WorkflowError(f"{where} input {name!r} is {value!r}; it must be a number.")
+    elif typ == "STRING" and not isinstance(value, str):
+        raise WorkflowError(f"{where} input {name!r} is {value!r}; it must be text.")
+    elif typ == "BOOLEAN" and not isinstance(value, bool):
+        raise WorkflowError(f"{where} input {name!r} is {value!r}; it must be true or false.")
+
+
+def _topological_order(api: dict) -> list[str]:
+    deps = {nid: {v[0] for v in node.get("inputs", {}).values() if isinstance(v, list) and len(v) == 2}
+            for nid, node in api.items()}
+    order, ready = [], sorted((n for n, d in deps.items() if not d), key=_id_key)
+    remaining = {n: set(d) for n, d in deps.items() if d}
+    while ready:
+        n = ready.pop(0)
+        order.append(n)
+        for m in sorted(list(remaining), key=_id_key):
+            remaining[m].discard(n)
+            if not remaining[m]:
+                del remaining[m]
+                ready.append(m)
+    if remaining:
+        raise WorkflowError(f"the graph has a cycle through nodes {sorted(remaining, key=_id_key)}.")
+    return order
+
+
+def _id_key(nid: str):
+    return (0, int(nid)) if nid.isdigit() else (1, nid)
+
+
+# ------------------------------------------------------------------------------------------------ execution
+@dataclass
+class RunResult:
+    prompt_id: str
+    outputs: dict = field(default_factory=dict)      # node id -> result tuple
+    ui: dict = field(default_factory=dict)           # node id -> ui dict
+    events: list = field(default_factory=list)       # (event, data) in order
+    seconds: float = 0.0
+
+    def timing_payloads(self) -> dict[str, dict]:
+        return {d["node"]: d for e, d in self.events if e == "h3.timing"}
+
+    def videos(self) -> list[pathlib.Path]:
+        paths = []
+        for payload in self.timing_payloads().values():
+            if payload["node_type"] == "H3SaveVideo":
+                paths.extend(pathlib.Path(s["note"]) for s in payload["stages"] if s["stage"] == "save")
+        return paths
+
+
+async def run_prompt(api: dict, ui_workflow: dict | None = None, prompt_id: str | None = None) -> RunResult:
+    from .host import host
+
+    mappings = _mappings()
+    order = check_prompt(api, mappings)
+    h = host()
+    prompt_id = prompt_id or uuid.uuid4().hex
+    if hasattr(h, "current_prompt"):
+        h.current_prompt = prompt_id
+    result = RunResult(prompt_id)
+    start_events = len(getattr(h, "events", []))
+    t_run = time.perf_counter()
+    for nid in order:
+        node = api[nid]
+        cls = mappings[node["class_type"]]
+        kwargs = {}
+        for name, value in node.get("inputs", {}).items():
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+                value = result.outputs[value[0]][value[1]]
+            kwargs[name] = value
+        hidden = (cls.INPUT_TYPES().get("hidden") or {})
+        for name, kind in hidden.items():
+            kwargs[name] = {"UNIQUE_ID": nid, "PROMPT": api,
+                            "EXTRA_PNGINFO": {"workflow": ui_workflow} if ui_workflow else None}.get(kind)
+        h.send_event("executing", {"node": nid, "display_node": nid, "prompt_id": prompt_id})
+        out = getattr(cls(), cls.FUNCTION)(**kwargs)
+        if inspect.isawaitable(out):
+            out = await out
+        if isinstance(out, dict):
+            result.ui[nid] = out.get("ui") or {}
+            out = out.get("result", ())
+        result.outputs[nid] = tuple(out or ())
+        if result.ui.get(nid):
+            h.send_event("executed", {"node": nid, "display_node": nid, "output": result.ui[nid],
+                                      "prompt_id": prompt_id})
+    h.send_event("executing", {"node": None, "prompt_id": prompt_id})
+    result.seconds = time.perf_counter() - t_run
+    result.events = list(getattr(h, "events", [])[start_events:])
+    return result
+
+
+def timing_table(result: RunResult) -> str:
+    rows = [("node", "type", "on", "compute", "A->B fetch+mat", "B->A fetch+mat", "bytes moved")]
+    for nid, p in sorted(result.timing_payloads().items(), key=lambda kv: _id_key(kv[0])):
+        s = p["summary"]
+
+        def hand(x):
+            return "" if not x else f"{(x['fetch_s'] + x['materialize_s']) * 1e3:.1f} ms"
+
+        moved = sum((s.get(k) or {}).get("bytes", 0) for k in ("a_to_b", "b_to_a"))
+        rows.append((nid, p["node_type"], s.get("machine", ""), f"{s['compute_s']:.3f} s", hand(s.get("a_to_b")),
+                     hand(s.get("b_to_a")), f"{moved / 2**20:.2f} MiB" if moved else ""))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def tiny_checkpoint_dir() -> pathlib.Path:
+    """The tiny random checkpoint the demo and ``--tiny`` use, generated on first use."""
+    from .tiny_checkpoint import build_tiny_checkpoint
+
+    root = pathlib.Path(os.environ.get("H3_CACHE", pathlib.Path.home() / ".cache" / "comfy-h3"))
+    path = root / "tiny-h3-seed0"
+    if not (path / "modular_model_index.json").is_file():
+        print(f"[comfy-h3] generating the tiny random checkpoint in {path} (first use)")
+        build_tiny_checkpoint(path, seed=0)
+    return path
+
+
+MODEL_PATH_NODES = {"H3LoadEncoders": "model_path", "H3RemoteDiT": "model_path"}
+
+
+def apply_overrides(api: dict, model_path: str | None, sets: list[str], cluster: str | None = None) -> None:
+    if model_path:
+        for node in api.values():
+            key = MODEL_PATH_NODES.get(node["class_type"])
+            if key:
+                node["inputs"][key] = str(model_path)
+    if cluster:
+        for node in api.values():
+            if node["class_type"] == "H3RemoteDiT":
+                node["inputs"]["cluster_address"] = cluster
+    for item in sets:
+        target, sep, raw = item.partition("=")
+        nid, dot, name = target.partition(".")
+        if not sep or not dot:
+            raise WorkflowError(f"--set {item!r} must look like ID.input=VALUE (e.g. 4.steps=8).")
+        if nid not in api:
+            raise WorkflowError(f"--set {item!r}: there is no node {nid} (nodes: {', '.join(sorted(api, key=_id_key))}).")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        api[nid]["inputs"][name] = value
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog)
+    ap.add_argument("workflow", nargs="?" if prog.endswith("demo") else None)
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--tiny", action="store_true", help="use the tiny random checkpoint (generated on first use)")
+    src.add_argument("--model-path", help="diffusers MiniMax-H3 folder for every model_path input")
+    ap.add_argument("--set", action="append", default=[], metavar="ID.input=VALUE")
+    ap.add_argument("--cluster", help="override H3RemoteDiT cluster_address ('local' or host:port)")
+    ap.add_argument("--output", default=os.environ.get("H3_OUTPUT_DIR", "output"), help="output folder")
+    ap.add_argument("--input", action="append", default=[], help="folder LoadImage/LoadAudio read from")
+    ap.add_argument("--events-out", help="write every UI event of the run as JSONL here")
+    ap.add_argument("--json-out", help="write the per-node timing payloads as JSON here")
+    return ap
+
+
+def execute(workflow_path: str, *, tiny: bool = False, model_path: str | None = None, sets=(), cluster=None,
+            output: str = "output", events_out: str | None = None, json_out: str | None = None,
+            quiet: bool = False, inputs=()) -> RunResult:
+    from . import runner_core
+    from .host import LocalHost, host, set_host
+
+    api, ui = load_workflow(workflow_path)
+    runner_core.INPUT_DIRS[:] = [pathlib.Path(p) for p in inputs] + [
+        pathlib.Path(workflow_path).resolve().parent / "inputs", EXAMPLES / "inputs"]
+    if tiny:
+        model_path = str(tiny_checkpoint_dir())
+    apply_overrides(api, model_path, list(sets), cluster)
+    check_prompt(api)
+    h = host()
+    if not isinstance(h, LocalHost):
+        set_host(h := LocalHost())
+    h.set_output_dir(output)
+    previous = signal.getsignal(signal.SIGINT) if _main_thread() else None
+    if _main_thread():
+        def on_sigint(signum, frame):
+            if h.interrupt_flag.is_set():
+                raise KeyboardInterrupt
+            print("\n[comfy-h3] interrupt: cancelling the request on B (Ctrl-C again to abort)", file=sys.stderr)
+            h.interrupt_flag.set()
+        signal.signal(signal.SIGINT, on_sigint)
+    try:
+        result = asyncio.run(run_prompt(api, ui))
+    finally:
+        if _main_thread():
+            signal.signal(signal.SIGINT, previous)
+        h.interrupt_flag.clear()
+    if events_out:
+        with open(events_out, "w") as fh:
+            for event, data in result.events:
+                fh.write(json.dumps({"type": event, "data": data}, default=str) + "\n")
+    if json_out:
+        pathlib.Path(json_out).write_text(json.dumps(result.timing_payloads(), indent=1, default=str))
+    if not quiet:
+        print(timing_table(result))
+        for v in result.videos():
+            print(f"[comfy-h3] wrote {v}")
+    return result
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _shutdown_embedded() -> None:
+    from .engine import session
+
+    if session.CLUSTER.embedded is not None:
+        session.CLUSTER.embedded.shutdown()
+
+
+def main_run(argv: list[str]) -> int:
+    args = _parser("python -m comfy_h3_nodes run").parse_args(argv)
+    try:
+        execute(args.workflow, tiny=args.tiny, model_path=args.model_path, sets=args.set, cluster=args.cluster,
+                output=args.output, events_out=args.events_out, json_out=args.json_out, inputs=args.input)
+    except (WorkflowError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        _shutdown_embedded()
+    return 0
+
+
+DEMO_SETTINGS = ["3.width=128", "3.height=128", "3.num_frames=124", "5.steps=4"]
+
+
+def main_demo(argv: list[str]) -> int:
+    args = _parser("python -m comfy_h3_nodes demo").parse_args(argv)
+    workflow = args.workflow or str(EXAMPLES / "h3_t2va.json")
+    print(f"[comfy-h3] demo: {workflow} on the embedded two-node Ray cluster, tiny random checkpoint")
+    try:
+        execute(workflow, tiny=not args.model_path, model_path=args.model_path, sets=DEMO_SETTINGS + args.set,
+                cluster=args.cluster or "local", output=args.output, events_out=args.events_out,
+                json_out=args.json_out, inputs=args.input)
+    except (WorkflowError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        _shutdown_embedded()
+    return 0

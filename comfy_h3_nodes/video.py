@@ -1,0 +1,95 @@
+"""MP4 writing with PyAV: H.264 video + AAC stereo audio, the prompt and workflow JSON in the container metadata."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import re
+
+import numpy as np
+
+log = logging.getLogger("comfy_h3.video")
+
+AAC_MIN_RATE = 8000
+AAC_FALLBACK_RATE = 16000
+
+
+def next_path(out_dir: pathlib.Path, prefix: str) -> tuple[pathlib.Path, str]:
+    """``out_dir/<subfolder>/<name>_00001_.mp4`` with the next free counter; refuses prefixes leaving out_dir."""
+    prefix = (prefix or "h3/video").strip().replace("\\", "/")
+    target = (out_dir / prefix).resolve()
+    out_dir = out_dir.resolve()
+    if out_dir != target and out_dir not in target.parents:
+        raise ValueError(f"filename_prefix {prefix!r} points outside the output folder {out_dir}; use a relative name.")
+    folder, name = target.parent, target.name or "video"
+    folder.mkdir(parents=True, exist_ok=True)
+    pattern = re.compile(rf"^{re.escape(name)}_(\d+)_\.mp4$")
+    used = [int(m.group(1)) for p in folder.iterdir() if (m := pattern.match(p.name))]
+    path = folder / f"{name}_{max(used, default=0) + 1:05d}_.mp4"
+    return path, str(folder.relative_to(out_dir)) if folder != out_dir else ""
+
+
+def _frames_uint8(images) -> np.ndarray:
+    arr = images.detach().cpu().float().numpy() if hasattr(images, "detach") else np.asarray(images)
+    if arr.ndim != 4 or arr.shape[-1] != 3:
+        raise ValueError(f"images have shape {arr.shape}; expected [frames, H, W, 3].")
+    if arr.dtype != np.uint8:
+        arr = np.round(np.clip(arr, 0.0, 1.0) * 255.0).astype(np.uint8)
+    return arr
+
+
+def _audio_planar(audio) -> tuple[np.ndarray, int]:
+    wf = audio["waveform"]
+    wf = wf.detach().cpu().float().numpy() if hasattr(wf, "detach") else np.asarray(wf, dtype=np.float32)
+    if wf.ndim == 3:
+        wf = wf[0]
+    if wf.ndim == 1:
+        wf = wf[None]
+    if wf.shape[0] == 1:
+        wf = np.repeat(wf, 2, axis=0)
+    rate = int(audio["sample_rate"])
+    if rate < AAC_MIN_RATE:
+        # AAC cannot carry such a low rate (only the tiny test model produces one): resample linearly, and say so.
+        n_out = int(round(wf.shape[1] * AAC_FALLBACK_RATE / rate))
+        x_old = np.arange(wf.shape[1]) / rate
+        x_new = np.arange(n_out) / AAC_FALLBACK_RATE
+        wf = np.stack([np.interp(x_new, x_old, ch) for ch in wf]).astype(np.float32)
+        log.warning("audio at %d Hz resampled to %d Hz for AAC", rate, AAC_FALLBACK_RATE)
+        rate = AAC_FALLBACK_RATE
+    return np.ascontiguousarray(np.clip(wf, -1.0, 1.0), dtype=np.float32), rate
+
+
+def write_mp4(path: pathlib.Path, images, audio, fps: int, metadata: dict | None = None) -> pathlib.Path:
+    import av
+
+    frames = _frames_uint8(images)
+    wf, rate = _audio_planar(audio)
+    f, h, w, _ = frames.shape
+    if h % 2 or w % 2:
+        frames = frames[:, : h - h % 2, : w - w % 2]
+        f, h, w, _ = frames.shape
+    with av.open(str(path), mode="w", options={"movflags": "use_metadata_tags"}) as container:
+        for key, value in (metadata or {}).items():
+            container.metadata[key] = value if isinstance(value, str) else json.dumps(value)
+        vs = container.add_stream("libx264", rate=int(fps), options={"crf": "18", "preset": "veryfast"})
+        vs.width, vs.height, vs.pix_fmt = w, h, "yuv420p"
+        as_ = container.add_stream("aac", rate=rate, layout="stereo")
+        for i in range(f):
+            frame = av.VideoFrame.from_ndarray(frames[i], format="rgb24")
+            frame.pts = i
+            for pkt in vs.encode(frame):
+                container.mux(pkt)
+        for pkt in vs.encode():
+            container.mux(pkt)
+        chunk = 1024
+        for start in range(0, wf.shape[1], chunk):
+            part = np.ascontiguousarray(wf[:, start:start + chunk])
+            aframe = av.AudioFrame.from_ndarray(part, format="fltp", layout="stereo")
+            aframe.sample_rate = rate
+            aframe.pts = start
+            for pkt in as_.encode(aframe):
+                container.mux(pkt)
+        for pkt in as_.encode():
+            container.mux(pkt)
+    return path

@@ -1,0 +1,126 @@
+"""Regenerate example_workflows/*.json (ComfyUI UI format 0.4) and their small input media.
+
+The node inputs, outputs and widget order come from the pack's own INPUT_TYPES/RETURN_TYPES, so the files stay in
+step with the nodes: run `python scripts/make_example_workflows.py` after changing a node's inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import uuid
+import wave
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from comfy_h3_nodes.nodes import DEFAULT_MODEL_PATH  # noqa: E402
+from comfy_h3_nodes.runner import _mappings, input_specs, is_widget  # noqa: E402
+
+OUT = ROOT / "example_workflows"
+PROMPT = ("A red fox trots across a snowy meadow at dawn, breath steaming; soft wind, crunching snow and a distant "
+          "crow call.")
+
+
+def build(name: str, nodes: list[tuple]) -> dict:
+    """nodes: (id, type, pos, widget values, {input: (src id, src slot)})."""
+    mappings = _mappings()
+    links, link_id = [], 0
+    out_links: dict[tuple, list] = {}
+    node_objs = []
+    for nid, typ, pos, widgets, conns in nodes:
+        cls = mappings[typ]
+        inputs = []
+        for iname, (ityp, opts, section) in input_specs(cls).items():
+            entry = {"name": iname, "localized_name": iname,
+                     "type": "COMBO" if isinstance(ityp, (list, tuple)) else ityp, "link": None}
+            if is_widget(ityp):
+                entry["widget"] = {"name": iname}
+            if iname in conns:
+                link_id += 1
+                src, slot = conns[iname]
+                src_cls = mappings[next(t for i, t, *_ in nodes if i == src)]
+                links.append([link_id, src, slot, nid, len(inputs), src_cls.RETURN_TYPES[slot]])
+                out_links.setdefault((src, slot), []).append(link_id)
+                entry["link"] = link_id
+            elif not is_widget(ityp) and section == "optional":
+                pass
+            if iname in conns or is_widget(ityp) or section == "required":
+                inputs.append(entry)
+        node_objs.append({"id": nid, "type": typ, "pos": list(pos), "size": [340, 120], "flags": {}, "order": 0,
+                          "mode": 0, "inputs": inputs, "outputs": [],
+                          "properties": {"Node name for S&R": typ, "cnr_id": "comfy-h3"},
+                          "widgets_values": widgets})
+    for obj in node_objs:
+        cls = mappings[obj["type"]]
+        names = getattr(cls, "RETURN_NAMES", None) or cls.RETURN_TYPES
+        obj["outputs"] = [{"name": n, "localized_name": n, "type": t, "slot_index": i,
+                           "links": out_links.get((obj["id"], i), [])}
+                          for i, (n, t) in enumerate(zip(names, cls.RETURN_TYPES))]
+    for order, obj in enumerate(sorted(node_objs, key=lambda o: o["pos"][0])):
+        obj["order"] = order
+    return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfy-h3/{name}")), "revision": 0,
+            "last_node_id": max(n[0] for n in nodes), "last_link_id": link_id, "nodes": node_objs, "links": links,
+            "groups": [], "config": {}, "extra": {"ds": {"scale": 0.8, "offset": [0, 0]}}, "version": 0.4}
+
+
+def common(partition: str, width: int, height: int, extra_conns: dict) -> list[tuple]:
+    return [
+        (1, "H3LoadEncoders", (0, 0), [DEFAULT_MODEL_PATH, "bfloat16", "sdpa"], {}),
+        (2, "H3RemoteDiT", (0, 300),
+         ["local", "h3_dit", "comfy_h3", DEFAULT_MODEL_PATH, partition, "bfloat16", "sdpa"], {}),
+        (3, "H3TextEncode", (400, 0), [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),
+        (5, "H3RemoteDenoise", (800, 0), [42, "fixed", 50], {"dit": (2, 0), "conditioning": (3, 0)}),
+        (6, "H3Decode", (1200, 0), [], {"encoders": (1, 0), "latents": (5, 0)}),
+        (7, "H3SaveVideo", (1600, 0), [24, "h3/video"], {"images": (6, 0), "audio": (6, 1), "fps": (6, 2)}),
+    ]
+
+
+def write_media() -> None:
+    from PIL import Image
+
+    ins = OUT / "inputs"
+    ins.mkdir(parents=True, exist_ok=True)
+    yy, xx = np.mgrid[0:96, 0:160]
+    first = np.stack([xx * 255 // 159, yy * 255 // 95, np.full_like(xx, 90)], -1).astype(np.uint8)
+    last = first[:, ::-1, [2, 0, 1]].copy()
+    Image.fromarray(first).save(ins / "h3_first.png")
+    Image.fromarray(last).save(ins / "h3_last.png")
+    ref = np.stack([(xx + yy) % 256, (xx * 2) % 256, (yy * 3) % 256], -1).astype(np.uint8)
+    Image.fromarray(ref).save(ins / "h3_reference.png")
+    for rate, fname in ((32000, "h3_voice_32k.wav"), (160, "h3_voice_160hz.wav")):
+        t = np.arange(int(rate * 1.0)) / rate
+        tone = 0.3 * np.sin(2 * np.pi * min(440.0, rate / 8) * t)
+        pcm = (np.stack([tone, tone * 0.8], 1) * 32767).astype("<i2")
+        with wave.open(str(ins / fname), "wb") as w:
+            w.setnchannels(2)
+            w.setsampwidth(2)
+            w.setframerate(rate)
+            w.writeframes(pcm.tobytes())
+
+
+def main() -> None:
+    write_media()
+    flows = {
+        "h3_t2va": common("transformer", 832, 480, {}),
+        "h3_fl2va": common("transformer", 832, 480, {"keyframes": (4, 0)}) + [
+            (8, "LoadImage", (-400, 500), ["h3_first.png", "image"], {}),
+            (9, "LoadImage", (-400, 800), ["h3_last.png", "image"], {}),
+            (4, "H3Keyframes", (0, 600), [], {"first_image": (8, 0), "last_image": (9, 0)}),
+        ],
+        "h3_ref2va": common("transformer_ref", 832, 480, {"references": (4, 0)}) + [
+            (8, "LoadImage", (-400, 500), ["h3_reference.png", "image"], {}),
+            (10, "LoadAudio", (-400, 800), ["h3_voice_32k.wav"], {}),
+            (4, "H3References", (0, 600), [], {"images": (8, 0), "audio": (10, 0)}),
+        ],
+    }
+    for name, nodes in flows.items():
+        (OUT / f"{name}.json").write_text(json.dumps(build(name, nodes), indent=1) + "\n")
+        print("wrote", OUT / f"{name}.json")
+
+
+if __name__ == "__main__":
+    main()
