@@ -1,0 +1,234 @@
+"""The node pack: imports without ComfyUI, example workflows through the runner on the two-node cluster, MP4s,
+timing records per node, interrupt, workflow checks and the HTTP routes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+import subprocess
+import sys
+
+import av
+import numpy as np
+import pytest
+
+from comfy_h3_nodes import runner
+from comfy_h3_nodes.engine import session
+from comfy_h3_nodes.host import LocalHost, set_host
+from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
+from conftest import PROMPT
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "example_workflows").glob("h3_*.json"))
+TINY_SETTINGS = ["3.width=64", "3.height=64", "3.num_frames=124", "5.steps=3", "1.dtype=\"float32\"",
+                 "2.dtype=\"float32\"", "2.actor_name=\"h3_dit_test\""]
+
+
+def test_pack_imports_without_comfyui_ray_or_diffusers():
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('comfy_h3_pack', r'{ROOT / '__init__.py'}',"
+        f" submodule_search_locations=[r'{ROOT}'])\n"
+        "m = importlib.util.module_from_spec(spec); sys.modules['comfy_h3_pack'] = m; spec.loader.exec_module(m)\n"
+        "heavy = [x for x in ('ray', 'diffusers', 'transformers', 'torch', 'comfy', 'server') if x in sys.modules]\n"
+        "print(sorted(m.NODE_CLASS_MAPPINGS), m.WEB_DIRECTORY, heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 0, out.stderr
+    names, web, heavy = out.stdout.strip().rsplit(" ", 2)[0], None, None
+    assert "'H3RemoteDenoise'" in out.stdout and "./web" in out.stdout
+    assert out.stdout.strip().endswith("[]"), f"heavy modules imported at pack import: {out.stdout}"
+    assert set(NODE_CLASS_MAPPINGS) == {"H3LoadEncoders", "H3RemoteDiT", "H3Keyframes", "H3References",
+                                        "H3TextEncode", "H3RemoteDenoise", "H3Decode", "H3SaveVideo"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_workflow_matches_input_types(path):
+    wf = json.loads(path.read_text())
+    assert wf["version"] == 0.4
+    mappings = runner._mappings()
+    nodes = {n["id"]: n for n in wf["nodes"]}
+    for link in wf["links"]:
+        lid, src, slot, dst, dst_slot, typ = link
+        assert mappings[nodes[src]["type"]].RETURN_TYPES[slot] == typ
+        target_input = nodes[dst]["inputs"][dst_slot]
+        assert target_input["link"] == lid and target_input["type"] == typ
+        spec = runner.input_specs(mappings[nodes[dst]["type"]])[target_input["name"]]
+        assert spec[0] == typ
+    for node in wf["nodes"]:
+        cls = mappings[node["type"]]
+        names = runner.widget_names(cls)
+        extra = sum(1 for n in names if runner.input_specs(cls)[n][1].get("control_after_generate"))
+        if node["type"] in ("LoadImage",):
+            extra += 1  # the upload widget
+        assert len(node["widgets_values"]) == len(names) + extra, node["type"]
+        assert {i["name"] for i in node["inputs"]} >= set(names)
+    api = runner.ui_to_api(wf)
+    order = runner.check_prompt(api)
+    assert order.index("3") < order.index("5") < order.index("6") < order.index("7")
+
+
+@pytest.fixture(scope="module")
+def local_host(ray_cluster):
+    session.adopt_cluster(ray_cluster.address)
+    h = LocalHost()
+    set_host(h)
+    return h
+
+
+@pytest.fixture(scope="module")
+def runs(local_host, tiny_ckpt, tmp_path_factory):
+    """Each example workflow, once, through the runner (shared by the assertions below)."""
+    out = {}
+    for path in EXAMPLES:
+        sets = list(TINY_SETTINGS)
+        if path.stem == "h3_ref2va":
+            sets.append('10.audio="h3_voice_160hz.wav"')  # the tiny audio VAE's rate (no torchaudio in CI)
+        folder = tmp_path_factory.mktemp(path.stem)
+        events = folder / "events.jsonl"
+        res = runner.execute(str(path), model_path=str(tiny_ckpt), sets=sets, output=str(folder),
+                             events_out=str(events), quiet=True)
+        out[path.stem] = (res, events)
+    return out
+
+
+@pytest.mark.parametrize("name", [p.stem for p in EXAMPLES])
+def test_example_workflow_writes_mp4(runs, name):
+    res, _ = runs[name]
+    (video,) = res.videos()
+    with av.open(str(video)) as c:
+        vs = c.streams.video[0]
+        assert vs.codec_context.name == "h264" and vs.average_rate == 24
+        assert sum(1 for _ in c.decode(video=0)) == 124
+        assert c.streams.audio[0].codec_context.name == "aac"
+        wf = json.loads(c.metadata["workflow"])
+        assert wf["nodes"] and any(n["type"] == "H3RemoteDenoise" for n in wf["nodes"])
+        assert "H3TextEncode" in c.metadata["prompt"]
+
+
+@pytest.mark.parametrize("name", [p.stem for p in EXAMPLES])
+def test_every_h3_node_reports_timing(runs, name):
+    res, events = runs[name]
+    h3_nodes = {nid for nid, n in runner.ui_to_api(json.loads((ROOT / "example_workflows" / f"{name}.json")
+                                                                .read_text())).items()
+                if n["class_type"].startswith("H3")}
+    payloads = res.timing_payloads()
+    assert set(payloads) == h3_nodes
+    for nid in h3_nodes:
+        assert res.ui[nid]["h3_timing"][0] == payloads[nid]
+        assert payloads[nid]["stages"] and payloads[nid]["summary"]["compute_s"] >= 0
+    den = next(p for p in payloads.values() if p["node_type"] == "H3RemoteDenoise")
+    assert [s["stage"] for s in den["stages"]] == ["a_to_b", "denoise", "b_to_a"]
+    assert den["summary"]["a_to_b"]["bytes"] > 0 and den["summary"]["b_to_a"]["fetch_s"] > 0
+    assert den["summary"]["steps_done"] == 2
+    recorded = [json.loads(line) for line in events.read_text().splitlines()]
+    progress = [e for e in recorded if e["type"] == "h3.progress"]
+    assert [e["data"]["step"] for e in progress] == [1, 2]
+    assert session.TIMINGS.records(den["request_id"])
+
+
+def test_node_frames_equal_engine_frames(local_host, executor, tiny_ckpt, media):
+    from comfy_h3_nodes import nodes as N
+    from comfy_h3_nodes.engine.request import H3Request
+
+    encoders = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa", unique_id="1")["result"][0]
+    dit = N.H3RemoteDiT().connect("local", executor.b_config.name, executor.b_config.namespace, str(tiny_ckpt),
+                                  "transformer", "float32", "sdpa", unique_id="2")["result"][0]
+    cond = N.H3TextEncode().encode(encoders, PROMPT, 64, 64, 124, unique_id="3")["result"][0]
+    lat = asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 7, 3, unique_id="5"))["result"][0]
+    images, audio, fps = N.H3Decode().decode(encoders, lat, unique_id="6")["result"]
+    ref = executor.generate(H3Request(prompt=PROMPT, height=64, width=64, num_frames=124, steps=3, seed=7))
+    assert np.array_equal(images.numpy(), ref.media.frames)
+    assert np.array_equal(audio["waveform"][0].numpy(), ref.media.audio) and fps == 24
+
+
+def test_interrupt_during_denoise_stops_b_and_next_run_works(local_host, executor, tiny_ckpt):
+    import ray
+
+    from comfy_h3_nodes import nodes as N
+    from comfy_h3_nodes.engine.executor import H3Cancelled
+
+    encoders = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa")["result"][0]
+    dit = N.H3RemoteDiT().connect("local", executor.b_config.name, executor.b_config.namespace, str(tiny_ckpt),
+                                  "transformer", "float32", "sdpa")["result"][0]
+    cond = N.H3TextEncode().encode(encoders, PROMPT, 64, 64, 124)["result"][0]
+
+    def listener(event, data):
+        if event == "h3.progress" and data["step"] == 3:
+            local_host.interrupt_flag.set()
+
+    local_host.listeners.append(listener)
+    try:
+        with pytest.raises(H3Cancelled, match="interrupted"):
+            asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 1, 200, unique_id="5"))
+    finally:
+        local_host.listeners.remove(listener)
+        local_host.interrupt_flag.clear()
+    rid = [d for e, d in local_host.events if e == "h3.progress"][-1]["request_id"]
+    prog = ray.get(dit.b.progress.remote(rid), timeout=10)
+    assert prog["state"] == "cancelled" and len(prog["steps"]) - prog["cancel_at_step"] <= 1
+    ok = asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 2, 3))["result"][0]
+    assert ok.payload.latents.shape == (1, 24, 37, 4, 4)
+
+
+def test_runner_rejects_unknown_nodes_and_missing_links(tmp_path):
+    wf = json.loads(EXAMPLES[0].read_text())
+    wf["nodes"].append({"id": 99, "type": "KSamplerAdvanced", "inputs": [], "outputs": [], "widgets_values": []})
+    bad = tmp_path / "unknown.json"
+    bad.write_text(json.dumps(wf))
+    with pytest.raises(runner.WorkflowError, match="KSamplerAdvanced"):
+        runner.load_workflow(bad)
+    api, _ = runner.load_workflow(EXAMPLES[0])
+    del api["5"]["inputs"]["conditioning"]
+    with pytest.raises(runner.WorkflowError, match=r"node 5 \(H3RemoteDenoise\) is missing input 'conditioning'"):
+        runner.check_prompt(api)
+    api, _ = runner.load_workflow(EXAMPLES[0])
+    api["3"]["inputs"]["width"] = 500
+    with pytest.raises(runner.WorkflowError, match="width 500 is not a multiple of 32; nearest valid: 480 or 512"):
+        runner.check_prompt(api)
+    api, _ = runner.load_workflow(EXAMPLES[0])
+    api["6"]["inputs"]["latents"] = ["3", 0]
+    with pytest.raises(runner.WorkflowError, match="expects H3_LATENTS but is linked to a H3_CONDITIONING"):
+        runner.check_prompt(api)
+
+
+def test_cli_run_reports_bad_workflow_clearly(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("{not json")
+    out = subprocess.run([sys.executable, "-m", "comfy_h3_nodes", "run", str(bad)], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "is not valid JSON" in out.stderr
+
+
+def test_validate_inputs_messages():
+    from comfy_h3_nodes.nodes import H3RemoteDenoise, H3RemoteDiT, H3TextEncode
+
+    assert H3TextEncode.VALIDATE_INPUTS(width=832, height=480, num_frames=124, prompt="x") is True
+    assert "nearest valid: 832 or 864" in H3TextEncode.VALIDATE_INPUTS(width=840, height=480, num_frames=124)
+    assert "nearest valid: 345" in H3TextEncode.VALIDATE_INPUTS(width=832, height=480, num_frames=400)
+    assert "nearest valid: 1" in H3RemoteDenoise.VALIDATE_INPUTS(seed=0, steps=0)
+    assert "host:port" in H3RemoteDiT.VALIDATE_INPUTS(cluster_address="nowhere", actor_name="h3_dit")
+
+
+def test_status_and_timings_routes(local_host, executor, runs):
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from comfy_h3_nodes.routes import add_routes
+
+    async def go():
+        app = web.Application()
+        add_routes(app)
+        async with TestClient(TestServer(app)) as client:
+            st = await (await client.get("/h3/status")).json()
+            tj = await (await client.get("/h3/timings")).json()
+            csv_resp = await client.get("/h3/timings?format=csv")
+            return st, tj, csv_resp.headers["Content-Type"], await csv_resp.text()
+
+    st, tj, ctype, csv_text = asyncio.run(go())
+    assert st["connected"] and st["topology"]["B"]["ip"] == "127.0.0.3" and st["error"] is None
+    assert any(a["health"]["B"]["node_ip"] == "127.0.0.3" for a in st["actors"] if "health" in a)
+    stages = {r["stage"] for r in tj["records"]}
+    assert {"encode", "a_to_b", "denoise", "b_to_a", "decode", "save"} <= stages
+    assert ctype.startswith("text/csv") and csv_text.splitlines()[0].startswith("request_id,stage,machine")
