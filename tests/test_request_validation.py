@@ -106,6 +106,8 @@ CATALOGUE = [
     ("image-nan", dict(first_image=nan_image()), ["first_image", "NaN", "fix the node"]),
     ("image-int32", dict(first_image=np.zeros((64, 64, 3), np.int32)), ["first_image", "int32", "uint8 0..255"]),
     ("image-tiny", dict(first_image=np.zeros((8, 12, 3), np.uint8)), ["first_image", "12x8 pixels", "16x16"]),
+    ("image-narrow", dict(last_image=np.zeros((64, 8, 3), np.uint8)), ["last_image", "8x64 pixels", "16x16"]),
+    ("image-short", dict(last_image=np.zeros((1, 8, 64, 3), np.float32)), ["last_image", "64x8 pixels", "16x16"]),
     ("image-list", dict(first_image=[[0, 0, 0]]), ["first_image", "is a list", "PIL image or an [H,W,3] array"]),
     # references
     ("ten-image-references", dict(reference_images=[rgb()] * 10), ["10 image references", "at most 9", "drop 1"]),

@@ -151,6 +151,7 @@ class H3Executor:
         self.a_name = a_name
         self.a_mode = a_mode
         self.local_a = local_a
+        self.a_max_restarts = -1  # a killed A actor comes back (reloading its models); requests in flight fail
         self._local_started = time.time()
         self.a = self.b = None
         self.topology: cl.Topology | None = None
@@ -189,7 +190,8 @@ class H3Executor:
                 self.local_a = ASide(c.model_dir, dtype=c.dtype, attention_backend=c.attention_backend,
                                      device=c.device)
         else:
-            a_opts = {"resources": {cl.ROLE_A: 1}, "runtime_env": self._runtime_env(), "max_restarts": 0}
+            a_opts = {"resources": {cl.ROLE_A: 1}, "runtime_env": self._runtime_env(),
+                      "max_restarts": self.a_max_restarts, "max_task_retries": 0}
             if self.a_name:
                 a_opts.update(name=self.a_name, namespace=self.b_config.namespace, get_if_exists=True)
             self.a = encoder_actor_class().options(**a_opts).remote(asdict(self.a_config))
@@ -429,6 +431,8 @@ class H3Executor:
                 enc_record = enc.record
                 den = await self._denoise(enc, on_step)
                 del enc  # drop the A->B payload ref as soon as B has it: the object store frees it
+                if request.request_id in self._cancelled:
+                    raise H3Cancelled(f"request {request.request_id} was cancelled after B finished; not decoded.")
                 media, dec_records = await self._decode(den)
                 return GenerationResult(den.request_id, media, [enc_record, *den.records, *dec_records])
             finally:
