@@ -43,6 +43,20 @@ class Conditioning:
     record: StageRecord
 
 
+@dataclasses.dataclass(frozen=True)
+class LoRAStack:
+    """H3_DIT with LoRA adapters: the same resident DiT, plus the adapters every request through it asks for."""
+
+    executor: object
+    adapters: tuple = ()
+
+
+def dit_parts(dit) -> tuple[object, tuple]:
+    if isinstance(dit, LoRAStack):
+        return dit.executor, dit.adapters
+    return dit, ()
+
+
 @dataclasses.dataclass
 class Latents:
     """H3_LATENTS: B's denoised latents, already received on A (so a cached value survives a cluster restart)."""
@@ -225,6 +239,41 @@ class H3RemoteDiT:
         return {"ui": ui, "result": (ex,)}
 
 
+class H3LoRA:
+    DESCRIPTION = ("Adds a LoRA adapter (a .safetensors file on machine B, inside its model roots) with a strength. "
+                   "Chain several to stack them. The base DiT stays resident; B switches adapters per request.")
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("H3_DIT",)
+    RETURN_NAMES = ("dit",)
+    FUNCTION = "apply"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "dit": ("H3_DIT",),
+            "lora_path": ("STRING", {"default": "/models/loras/h3_turbo_4step.safetensors",
+                                     "tooltip": "path on machine B"}),
+            "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.05}),
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, lora_path=None, strength=None, **kwargs):
+        if lora_path is not None and strength is not None:
+            try:
+                rq.check_adapters([(lora_path, strength)])
+            except rq.RequestError as exc:
+                return str(exc)
+        return True
+
+    def apply(self, dit, lora_path, strength, unique_id=None):
+        t0, w0 = time.perf_counter(), time.time()
+        ex, adapters = dit_parts(dit)
+        adapters = rq.check_adapters([*adapters, (lora_path, strength)])
+        rec = _local_record("lora", t0, w0, note=", ".join(f"{p} x{w:g}" for p, w in adapters))
+        return {"ui": report("H3LoRA", unique_id, [rec], "lora", extra={"adapters": [list(a) for a in adapters]}),
+                "result": (LoRAStack(ex, adapters),)}
+
+
 class H3Keyframes:
     DESCRIPTION = "First and/or last keyframe for MiniMax-H3's fl2va workflow."
     CATEGORY = CATEGORY
@@ -358,14 +407,17 @@ class H3RemoteDenoise:
         return True
 
     async def denoise(self, dit, conditioning, seed, steps, unique_id=None):
+        from .engine import wire
         from .engine.executor import H3Cancelled
 
         h = _host()
         rq.check_steps(steps)
         rq.check_seed(seed)
+        dit, adapters = dit_parts(dit)
         rid = uuid.uuid4().hex[:12]
         payload = dataclasses.replace(conditioning.payload, request_id=rid, seed=int(seed),
-                                      num_inference_steps=int(steps))
+                                      num_inference_steps=int(steps),
+                                      adapters=tuple(wire.AdapterSpec(p, w) for p, w in adapters))
         bar = h.progress(unique_id, max(1, steps - 1), "B denoise")
         loop = asyncio.get_running_loop()
 
@@ -397,7 +449,7 @@ class H3RemoteDenoise:
             bar.close()
         records = [*den.records, b_to_a]
         forwards = len(den.records[1].steps)
-        extra = {"steps_total": forwards, "schedule": f"{steps} sigma points, {forwards} forwards",
+        extra = {"steps_total": forwards, "schedule": f"{steps} sigma points: {den.records[1].note}",
                  "total_s": time.perf_counter() - t0}
         ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra)
         return {"ui": ui, "result": (Latents(latents, records),)}
@@ -481,6 +533,7 @@ class H3SaveVideo:
 NODE_CLASS_MAPPINGS = {
     "H3LoadEncoders": H3LoadEncoders,
     "H3RemoteDiT": H3RemoteDiT,
+    "H3LoRA": H3LoRA,
     "H3Keyframes": H3Keyframes,
     "H3References": H3References,
     "H3TextEncode": H3TextEncode,
@@ -492,6 +545,7 @@ NODE_CLASS_MAPPINGS = {
 NODE_DISPLAY_NAME_MAPPINGS = {
     "H3LoadEncoders": "H3 Load Encoders (A)",
     "H3RemoteDiT": "H3 Remote DiT (B)",
+    "H3LoRA": "H3 LoRA (B)",
     "H3Keyframes": "H3 Keyframes",
     "H3References": "H3 References",
     "H3TextEncode": "H3 Text Encode (A)",

@@ -368,6 +368,36 @@ def build_tiny_checkpoint(out_dir, seed: int = 0) -> Path:
     return out_dir
 
 
+#: Linear modules of the tiny transformer a tiny LoRA adapts: (module suffix, out_features, in_features).
+_LORA_TARGETS = (("attn.to_q", 32, 24), ("attn.to_v", 32, 24), ("attn.to_out.0", 24, 32), ("ff.net.2", 24, 48))
+
+
+def build_tiny_lora(out_path, seed: int = 0, rank: int = 4, steps: int | None = None, shift: float | None = None,
+                    audio_shift: float | None = None) -> Path:
+    """A random LoRA (diffusers layout, ``transformer.``-prefixed) for the tiny transformer, with an optional
+    sidecar ``<stem>.json`` giving the schedule it was "trained" for (what turbo LoRAs ship)."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(10_000 + seed)
+    state = {}
+    for block in range(TINY_SIZES.get("transformer_num_layers", 2)):
+        for mod, out_f, in_f in _LORA_TARGETS:
+            key = f"transformer.transformer_blocks.{block}.{mod}"
+            state[f"{key}.lora_A.weight"] = (torch.randn(rank, in_f, generator=g) * 0.3).contiguous()
+            state[f"{key}.lora_B.weight"] = (torch.randn(out_f, rank, generator=g) * 0.3).contiguous()
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out))
+    sidecar = {k: v for k, v in (("steps", steps), ("shift", shift), ("audio_shift", audio_shift)) if v is not None}
+    side = out.with_suffix(".json")
+    if sidecar:
+        side.write_text(json.dumps(sidecar, indent=1) + "\n")
+    elif side.exists():
+        side.unlink()
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m comfy_h3_nodes.tiny_checkpoint",
@@ -375,9 +405,14 @@ def main(argv=None) -> int:
     )
     parser.add_argument("out_dir", help="folder to write the checkpoint into")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (same seed -> identical files)")
+    parser.add_argument("--lora", metavar="FILE", help="also write a tiny random LoRA for the tiny transformer")
+    parser.add_argument("--lora-steps", type=int, help="steps recorded in the LoRA's sidecar config")
+    parser.add_argument("--lora-shift", type=float, help="video sigma shift recorded in the LoRA's sidecar config")
     args = parser.parse_args(argv)
     path = build_tiny_checkpoint(args.out_dir, seed=args.seed)
     print(path)
+    if args.lora:
+        print(build_tiny_lora(args.lora, seed=args.seed, steps=args.lora_steps, shift=args.lora_shift))
     return 0
 
 

@@ -24,14 +24,19 @@ DEFAULT_NAME = "h3_dit"
 class DiTActorImpl:
     def __init__(self, config: dict):
         common.setup_process(config.get("threads"))
+        from remote_worker import model_roots
         from remote_worker.b_side import BSide
+
+        model_roots.enforce(config)  # refuse a model path outside B's model roots before reading anything
 
         self.started = time.time()
         self.config = dict(config)
         self.side = BSide(config["model_dir"], partition=config.get("partition", "transformer"),
                           dtype=config.get("dtype", "bfloat16"),
                           attention_backend=config.get("attention_backend", "sdpa"),
-                          device=config.get("device"), allow_swap=config.get("allow_swap", True))
+                          device=config.get("device"), allow_swap=config.get("allow_swap", True),
+                          path_check=lambda p: model_roots.enforce({"model_dir": str(p),
+                                                                    "model_roots": config.get("model_roots")}))
         self._lock = threading.Lock()
         self._progress: dict[str, dict] = {}
         self._cancelled: set[str] = set()
@@ -72,10 +77,13 @@ class DiTActorImpl:
 
             result = self.side.denoise(payload, on_step=on_step,
                                        should_cancel=lambda: request_id in self._cancelled)
+            synthetic = common.synthetic_delay(self.config, "denoise")
+            notes = [result.schedule_note(payload.adapters)]
+            notes += [f"synthetic +{synthetic:.3f} s"] if synthetic else []
             den = StageRecord(request_id, "denoise", "B", self.node_ip, t_recv, time.time(),
-                              compute_s=result.compute_s, bytes=result.latents.field_bytes(),
-                              steps=tuple(s.seconds for s in result.steps), load_s=result.swap_s,
-                              note=f"swapped partition in {result.swap_s:.2f} s" if result.swap_s else "")
+                              compute_s=result.compute_s + synthetic, bytes=result.latents.field_bytes(),
+                              steps=tuple(s.seconds for s in result.steps), load_s=result.swap_s + result.adapter_s,
+                              note="; ".join(notes))
             progress["state"] = "done"
             self.recent.append({"request_id": request_id, "workflow": payload.workflow, "steps": len(result.steps),
                                 "compute_s": round(result.compute_s, 4), "finished": time.time()})

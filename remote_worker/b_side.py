@@ -20,6 +20,8 @@ from typing import Callable
 from comfy_h3_nodes.engine import split, wire
 from comfy_h3_nodes.engine.backends import apply_attention_backend, resolve_attention_backend
 
+from .adapters import AdapterManager, AdapterSchedule, check_no_foreign_tensors
+
 
 class DenoiseCancelled(RuntimeError):
     """B stopped a request between two steps because its caller cancelled it."""
@@ -100,13 +102,26 @@ class DenoiseResult:
     steps: list[StepRecord]
     compute_s: float
     swap_s: float = 0.0
+    adapter_s: float = 0.0
+    shift: float = 0.0
+    audio_shift: float = 0.0
+
+    def schedule_note(self, adapters: tuple = ()) -> str:
+        parts = [f"{len(self.steps)} forwards, shift {self.shift:g} (video) / {self.audio_shift:g} (audio)"]
+        if adapters:
+            parts.append("LoRA " + ", ".join(f"{os.path.basename(a.path)}x{a.weight:g}" for a in adapters)
+                         + f" (switch {self.adapter_s * 1e3:.1f} ms)")
+        if self.swap_s:
+            parts.append(f"swapped partition in {self.swap_s:.2f} s")
+        return "; ".join(parts)
 
 
 class BSide:
     """The resident DiT. ``denoise`` serves one request at a time."""
 
     def __init__(self, model_dir: str | os.PathLike, partition: str = "transformer", dtype: str = "bfloat16",
-                 attention_backend: str = "sdpa", device: str | None = None, allow_swap: bool = True):
+                 attention_backend: str = "sdpa", device: str | None = None, allow_swap: bool = True,
+                 path_check: Callable | None = None):
         import torch
 
         self._torch = torch
@@ -125,6 +140,9 @@ class BSide:
         self.partition = partition
         apply_attention_backend(getattr(self._host, partition), self.attention_backend)
         self.text_dim = int(getattr(self._host, partition).config.text_dim)
+        self.path_check = path_check
+        self.adapters = AdapterManager(self._host, partition, path_check)
+        check_no_foreign_tensors(self.model_dir, partition, getattr(self._host, partition))
 
     # ------------------------------------------------------------------------------------------------ partitions
     def _swap_to(self, partition: str) -> float:
@@ -144,9 +162,11 @@ class BSide:
         loaded = split.load_checked(self.model_dir, (partition,), self.dtype, self.device,
                                     reason=f"swap {old} -> {partition}", host=self._host)
         self.load_records.extend(loaded.records)
+        check_no_foreign_tensors(self.model_dir, partition, getattr(self._host, partition))
         apply_attention_backend(getattr(self._host, partition), self.attention_backend)
         self.partition = partition
         self.text_dim = int(getattr(self._host, partition).config.text_dim)
+        self.adapters = AdapterManager(self._host, partition, self.path_check)  # adapters lived on the old one
         return time.perf_counter() - t0
 
     def _pipe(self, workflow: str):
@@ -175,6 +195,8 @@ class BSide:
             if needed != self.partition:
                 swap_s = self._swap_to(needed)
             pipe = self._pipe(payload.workflow)
+            adapter_s, schedule = self.adapters.activate(tuple((a.path, a.weight) for a in payload.adapters))
+            shifts = self._apply_schedule(pipe, schedule)
             monitor = StepMonitor(total=payload.num_inference_steps, on_step=on_step, should_cancel=should_cancel,
                                   request_id=payload.request_id)
             self._slot.monitor = monitor
@@ -194,4 +216,14 @@ class BSide:
             latents=wire.WireTensor.from_torch(out["latents"].float()),
             audio_latents=wire.WireTensor.from_torch(out["audio_latents"].float()),
         )
-        return DenoiseResult(result.validate(), monitor.steps, compute_s, swap_s)
+        return DenoiseResult(result.validate(), monitor.steps, compute_s, swap_s, adapter_s, *shifts)
+
+    def _apply_schedule(self, pipe, schedule: AdapterSchedule) -> tuple[float, float]:
+        """Schedulers for this request: the checkpoint's own, or fresh ones with the adapter's shifts."""
+        out = []
+        for name, override in (("scheduler", schedule.shift), ("audio_scheduler", schedule.audio_shift)):
+            base = getattr(self._host, name)
+            sched = base if override is None else type(base).from_config(base.config, shift=override)
+            pipe.update_components(**{name: sched})
+            out.append(float(sched.config.shift))
+        return out[0], out[1]

@@ -67,13 +67,13 @@ def build(name: str, nodes: list[tuple]) -> dict:
             "groups": [], "config": {}, "extra": {"ds": {"scale": 0.8, "offset": [0, 0]}}, "version": 0.4}
 
 
-def common(partition: str, width: int, height: int, extra_conns: dict) -> list[tuple]:
+def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0), steps: int = 50) -> list[tuple]:
     return [
         (1, "H3LoadEncoders", (0, 0), [DEFAULT_MODEL_PATH, "bfloat16", "sdpa"], {}),
         (2, "H3RemoteDiT", (0, 300),
          ["local", "h3_dit", "comfy_h3", DEFAULT_MODEL_PATH, partition, "bfloat16", "sdpa"], {}),
         (3, "H3TextEncode", (400, 0), [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),
-        (5, "H3RemoteDenoise", (800, 0), [42, "fixed", 50], {"dit": (2, 0), "conditioning": (3, 0)}),
+        (5, "H3RemoteDenoise", (800, 0), [42, "fixed", steps], {"dit": dit, "conditioning": (3, 0)}),
         (6, "H3Decode", (1200, 0), [], {"encoders": (1, 0), "latents": (5, 0)}),
         (7, "H3SaveVideo", (1600, 0), [24, "h3/video"], {"images": (6, 0), "audio": (6, 1), "fps": (6, 2)}),
     ]
@@ -106,6 +106,9 @@ def main() -> None:
     write_media()
     flows = {
         "h3_t2va": common("transformer", 832, 480, {}),
+        "h3_t2va_turbo": common("transformer", 832, 480, {}, dit=(11, 0), steps=4) + [
+            (11, "H3LoRA", (400, 300), ["/models/loras/h3_turbo_4step.safetensors", 1.0], {"dit": (2, 0)}),
+        ],
         "h3_fl2va": common("transformer", 832, 480, {"keyframes": (4, 0)}) + [
             (8, "LoadImage", (-400, 500), ["h3_first.png", "image"], {}),
             (9, "LoadImage", (-400, 800), ["h3_last.png", "image"], {}),

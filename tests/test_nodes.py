@@ -39,7 +39,7 @@ def test_pack_imports_without_comfyui_ray_or_diffusers():
     names, web, heavy = out.stdout.strip().rsplit(" ", 2)[0], None, None
     assert "'H3RemoteDenoise'" in out.stdout and "./web" in out.stdout
     assert out.stdout.strip().endswith("[]"), f"heavy modules imported at pack import: {out.stdout}"
-    assert set(NODE_CLASS_MAPPINGS) == {"H3LoadEncoders", "H3RemoteDiT", "H3Keyframes", "H3References",
+    assert set(NODE_CLASS_MAPPINGS) == {"H3LoadEncoders", "H3RemoteDiT", "H3LoRA", "H3Keyframes", "H3References",
                                         "H3TextEncode", "H3RemoteDenoise", "H3Decode", "H3SaveVideo"}
 
 
@@ -85,6 +85,11 @@ def runs(local_host, tiny_ckpt, tmp_path_factory):
         sets = list(TINY_SETTINGS)
         if path.stem == "h3_ref2va":
             sets.append('10.audio="h3_voice_160hz.wav"')  # the tiny audio VAE's rate (no torchaudio in CI)
+        if path.stem == "h3_t2va_turbo":
+            from comfy_h3_nodes.tiny_checkpoint import build_tiny_lora
+
+            lora = build_tiny_lora(tmp_path_factory.mktemp("lora") / "turbo4.safetensors", seed=3, steps=4, shift=5.0)
+            sets += [f"11.lora_path={json.dumps(str(lora))}", "5.steps=4"]
         folder = tmp_path_factory.mktemp(path.stem)
         events = folder / "events.jsonl"
         res = runner.execute(str(path), model_path=str(tiny_ckpt), sets=sets, output=str(folder),
@@ -121,10 +126,13 @@ def test_every_h3_node_reports_timing(runs, name):
     den = next(p for p in payloads.values() if p["node_type"] == "H3RemoteDenoise")
     assert [s["stage"] for s in den["stages"]] == ["a_to_b", "denoise", "b_to_a"]
     assert den["summary"]["a_to_b"]["bytes"] > 0 and den["summary"]["b_to_a"]["fetch_s"] > 0
-    assert den["summary"]["steps_done"] == 2
+    forwards = 3 if name == "h3_t2va_turbo" else 2  # steps 4 (turbo) or 3 sigma points
+    assert den["summary"]["steps_done"] == forwards
     recorded = [json.loads(line) for line in events.read_text().splitlines()]
     progress = [e for e in recorded if e["type"] == "h3.progress"]
-    assert [e["data"]["step"] for e in progress] == [1, 2]
+    assert [e["data"]["step"] for e in progress] == list(range(1, forwards + 1))
+    if name == "h3_t2va_turbo":
+        assert "shift 5 (video)" in den["summary"]["schedule"] and "turbo4.safetensors" in den["summary"]["schedule"]
     assert session.TIMINGS.records(den["request_id"])
 
 

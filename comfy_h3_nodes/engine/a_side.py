@@ -113,6 +113,7 @@ class ASide:
                 wire.WireTensor.from_torch(t) for t in (get("audio_condition_latents") or ())
             ),
             references=tuple(wire.ReferenceMeta(r.kind, bool(r.has_audio)) for r in refs),
+            adapters=tuple(wire.AdapterSpec(p, w) for p, w in req.adapters),
         )
         return payload.validate()
 

@@ -78,6 +78,18 @@ def receive(ref, timeout: float, machine: str, stage: str, request_id: str):
     return payload, t1 - t0, time.perf_counter() - t1
 
 
+def synthetic_delay(config: dict, stage: str) -> float:
+    """Sleep for the benchmark-only synthetic time of ``stage`` (config key ``synthetic_stages``); returns it.
+
+    ``python -m comfy_h3_nodes bench pipeline`` uses it to give the stages known, balanced costs; it is 0 (no
+    sleep) in every normal run.
+    """
+    seconds = float((config.get("synthetic_stages") or {}).get(stage, 0.0))
+    if seconds > 0:
+        time.sleep(seconds)
+    return max(seconds, 0.0)
+
+
 def materialize(payload) -> float:
     """Turn every wire tensor into a torch view (what the blocks will read); returns the seconds it took."""
     t0 = time.perf_counter()

@@ -36,8 +36,10 @@ class EncoderActorImpl:
     def encode(self, request: H3Request):
         t0, w0 = time.perf_counter(), time.time()
         payload = self.side.encode(request)
+        synthetic = common.synthetic_delay(self.config, "encode")
         rec = StageRecord(payload.request_id, "encode", "A", self.node_ip, w0, time.time(),
-                          compute_s=time.perf_counter() - t0, bytes=payload.field_bytes())
+                          compute_s=time.perf_counter() - t0, bytes=payload.field_bytes(),
+                          note=f"synthetic +{synthetic:.3f} s" if synthetic else "")
         log.info("[%s] encoded %s (%d bytes) in %.3f s", payload.request_id, payload.workflow, payload.nbytes,
                  rec.compute_s)
         return payload, rec
@@ -56,9 +58,11 @@ class EncoderActorImpl:
                              materialize_s=mat_s, validate_s=validate_s, bytes=latents.field_bytes())
         t0 = time.perf_counter()
         media = self.side.decode(latents)
+        synthetic = common.synthetic_delay(self.config, "decode")
         dec = StageRecord(request_id, "decode", "A", self.node_ip, w1, time.time(),
                           compute_s=time.perf_counter() - t0,
-                          bytes={"frames": int(media.frames.nbytes), "audio": int(media.audio.nbytes)})
+                          bytes={"frames": int(media.frames.nbytes), "audio": int(media.audio.nbytes)},
+                          note=f"synthetic +{synthetic:.3f} s" if synthetic else "")
         return media, [b_to_a, dec]
 
     @ray.method(concurrency_group="control")

@@ -54,6 +54,8 @@ class SideConfig:
     attention_backend: str = "sdpa"
     device: str | None = None
     threads: int | None = None
+    #: benchmark only: seconds each stage sleeps on top of its real work (``{"encode": 0.2}``; see ``bench``)
+    synthetic_stages: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -50,6 +50,7 @@ class H3Request:
     last_image: Any = None
     reference_images: list = field(default_factory=list)
     reference_audio: AudioClip | None = None
+    adapters: list = field(default_factory=list)  # (path on B, weight) pairs: LoRA adapters active for this request
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @property
@@ -220,6 +221,29 @@ def check_audio(clip: Any, name: str = "reference_audio") -> AudioClip:
     return AudioClip(np.ascontiguousarray(wf, dtype=np.float32), int(clip.sample_rate))
 
 
+MAX_ADAPTERS = 8
+
+
+def check_adapters(adapters: Any) -> tuple:
+    """``(path, weight)`` pairs -> a tuple of them, checked (the files themselves are checked on B)."""
+    out = []
+    for i, item in enumerate(adapters or ()):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise RequestError(f"adapters[{i}] is {item!r}; give (path on B, weight) pairs.")
+        path, weight = item
+        if not isinstance(path, str) or not path.strip():
+            raise RequestError(f"adapters[{i}] path is {path!r}; give the LoRA file's path on machine B.")
+        if not path.endswith(".safetensors"):
+            raise RequestError(f"adapter {path!r} is not a .safetensors file; LoRA adapters load from safetensors only.")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                or abs(weight) > 10:
+            raise RequestError(f"adapter {path} has strength {weight!r}; use a number in -10..10 (1.0 = as trained).")
+        out.append((path.strip(), float(weight)))
+    if len(out) > MAX_ADAPTERS:
+        raise RequestError(f"{len(out)} LoRA adapters were stacked; at most {MAX_ADAPTERS} are supported.")
+    return tuple(out)
+
+
 @dataclass
 class ValidRequest:
     """A request that passed every check, with frames snapped and media normalised."""
@@ -236,6 +260,7 @@ class ValidRequest:
     last_image: Any = None
     reference_images: list = field(default_factory=list)
     reference_audio: AudioClip | None = None
+    adapters: tuple = ()
 
     def with_canvas(self, height: int, width: int) -> "ValidRequest":
         return replace(self, height=height, width=width)
@@ -272,5 +297,5 @@ def validate_request(req: H3Request) -> ValidRequest:
     return ValidRequest(
         request_id=req.request_id, workflow=req.workflow, prompt=prompt, height=height, width=width,
         num_frames=frames, steps=steps, seed=seed, first_image=first, last_image=last,
-        reference_images=images, reference_audio=audio,
+        reference_images=images, reference_audio=audio, adapters=check_adapters(req.adapters),
     )

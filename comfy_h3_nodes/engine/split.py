@@ -155,3 +155,4 @@ def pick_device(requested: str | None = None) -> str:
             raise RuntimeError(f"device {requested!r} was asked for, but torch sees no CUDA device on this machine.")
         return requested
     return "cuda" if torch.cuda.is_available() else "cpu"
+

@@ -1,0 +1,69 @@
+"""Model roots: the folders machine B may load checkpoints from.
+
+The B actor enforces them itself, in ``__init__``, before anything is read: a model path is allowed only when its real
+location (symlinks and ``..`` resolved) lies inside a root. Roots come from two independent places and each one that
+is set must allow the path:
+
+* the actor's config (``model_roots``, a list; ``remote_worker setup`` passes ``--model-root`` or, by default, the
+  parent folder of ``--model-path``);
+* the environment of B's Ray node, ``H3_MODEL_ROOTS`` (colon-separated). ``remote_worker setup`` sets it on
+  ``ray start``, and Ray workers inherit the raylet's environment, so an actor that a driver on A creates on B (with
+  any config) still obeys B's roots.
+
+With neither set (the embedded single-machine cluster of tests and ``local`` mode) there is no restriction.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from comfy_h3_nodes.engine.split import ModelFolderError
+
+ENV = "H3_MODEL_ROOTS"
+
+
+class ModelRootError(ModelFolderError):
+    """A model path outside every configured model root."""
+
+
+def parse_roots(value: str | list | tuple | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = value.split(os.pathsep)
+    return [str(v).strip() for v in value if str(v).strip()]
+
+
+def real(path: str | os.PathLike) -> pathlib.Path:
+    return pathlib.Path(os.path.realpath(os.path.expanduser(str(path))))
+
+
+def inside(path: pathlib.Path, root: pathlib.Path) -> bool:
+    return path == root or root in path.parents
+
+
+def check_model_path(path: str | os.PathLike, roots: list[str], source: str = "model roots") -> pathlib.Path:
+    """``path`` resolved, if it lies inside one of ``roots`` (resolved); else :class:`ModelRootError`."""
+    resolved = real(path)
+    if not roots:
+        return resolved
+    real_roots = [real(r) for r in roots]
+    if any(inside(resolved, r) for r in real_roots):
+        return resolved
+    shown = ", ".join(f"{r}" + (f" (= {rr})" if str(rr) != str(r) else "") for r, rr in zip(roots, real_roots))
+    via = f" (resolves to {resolved})" if str(resolved) != str(path) else ""
+    raise ModelRootError(
+        f"model path {path}{via} is outside the {source} of machine B: {shown}. B loads checkpoints only from "
+        f"inside its model roots; put the checkpoint folder under one of them, or add its parent folder with "
+        f"`python -m remote_worker setup --model-root DIR` (environment {ENV}, colon-separated)."
+    )
+
+
+def enforce(config: dict, environ: dict | None = None) -> pathlib.Path:
+    """What the B actor calls first: the config's roots and the node's ``H3_MODEL_ROOTS`` must both allow the path."""
+    environ = os.environ if environ is None else environ
+    path = config["model_dir"]
+    resolved = check_model_path(path, parse_roots(config.get("model_roots")), "configured model roots")
+    check_model_path(path, parse_roots(environ.get(ENV)), f"model roots ({ENV})")
+    return resolved
