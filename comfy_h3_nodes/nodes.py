@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
-import uuid
 
 from .engine import request as rq
 from .engine.backends import UI_CHOICES
 from .engine.split import DTYPES, PARTITIONS
 from .engine.timing import StageRecord
+
+log = logging.getLogger("comfy_h3.nodes")
 
 CATEGORY = "MiniMax-H3"
 DEFAULT_MODEL_PATH = "/models/MiniMax-H3"
@@ -41,6 +43,12 @@ class Conditioning:
 
     payload: object  # wire.EncodedRequest
     record: StageRecord
+    uses: int = 0  # denoise runs so far: the first keeps the encode's request id, so a timeline joins them
+
+    def next_request_id(self) -> str:
+        self.uses += 1
+        rid = self.payload.request_id
+        return rid if self.uses == 1 else f"{rid}.{self.uses}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,9 +190,10 @@ class H3LoadEncoders:
         from .engine import session
 
         t0, w0 = time.perf_counter(), time.time()
-        enc = session.encoders(model_path, dtype, attention_backend)
-        loads = sum(r.seconds for r in enc.load_records) if time.perf_counter() - t0 > 0.5 else 0.0
-        rec = _local_record("load", t0, w0, load_s=loads, note=f"resident: {', '.join(enc.resident())}")
+        enc, loaded_now = session.encoders(model_path, dtype, attention_backend)
+        loads = sum(r.seconds for r in enc.load_records) if loaded_now else 0.0
+        rec = _local_record("load", t0, w0, load_s=loads,
+                            note=("loaded" if loaded_now else "resident") + f": {', '.join(enc.resident())}")
         return {"ui": report("H3LoadEncoders", unique_id, [rec], "load"), "result": (enc,)}
 
 
@@ -414,22 +423,29 @@ class H3RemoteDenoise:
         rq.check_steps(steps)
         rq.check_seed(seed)
         dit, adapters = dit_parts(dit)
-        rid = uuid.uuid4().hex[:12]
+        rid = conditioning.next_request_id()
         payload = dataclasses.replace(conditioning.payload, request_id=rid, seed=int(seed),
                                       num_inference_steps=int(steps),
                                       adapters=tuple(wire.AdapterSpec(p, w) for p, w in adapters))
         bar = h.progress(unique_id, max(1, steps - 1), "B denoise")
         loop = asyncio.get_running_loop()
 
-        def on_step(ev):
-            bar.update(ev.index + 1, ev.total)
-            h.send_event("h3.progress", {"prompt_id": h.prompt_id(), "node": str(unique_id),
-                                         "request_id": rid, "step": ev.index + 1, "total": ev.total,
-                                         "seconds": ev.seconds})
+        def on_step(ev):  # runs on the executor's thread
+            try:
+                bar.update(ev.index + 1, ev.total)
+            except Exception as exc:  # noqa: BLE001 - ComfyUI's progress hook raises once the user interrupted
+                log.info("progress update raised %s: cancelling request %s on B", type(exc).__name__, rid)
+                dit.cancel(rid)
+            try:
+                h.send_event("h3.progress", {"prompt_id": h.prompt_id(), "node": str(unique_id),
+                                             "request_id": rid, "step": ev.index + 1, "total": ev.total,
+                                             "seconds": ev.seconds})
+            except Exception as exc:  # noqa: BLE001 - a UI that went away must not stop the denoise
+                log.warning("could not send h3.progress: %s", exc)
 
         w0, t0 = time.time(), time.perf_counter()
         enc = dit.put_payload(payload, w0, 0.0)
-        fut = asyncio.wrap_future(dit.run_stage(dit._denoise(enc, on_step)))
+        fut = asyncio.wrap_future(dit.submit_denoise(enc, on_step))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=0.1)

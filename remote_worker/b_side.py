@@ -19,6 +19,7 @@ from typing import Callable
 
 from comfy_h3_nodes.engine import split, wire
 from comfy_h3_nodes.engine.backends import apply_attention_backend, resolve_attention_backend
+from comfy_h3_nodes.engine.profiling import maybe_profile
 
 from .adapters import AdapterManager, AdapterSchedule, check_no_foreign_tensors
 
@@ -42,6 +43,7 @@ class StepMonitor:
     on_step: Callable[[StepRecord], None] | None = None
     should_cancel: Callable[[], bool] | None = None
     request_id: str = ""
+    sync: Callable[[], None] | None = None  # CUDA: wait for the step's kernels, so step times are real
     steps: list[StepRecord] = field(default_factory=list)
     _t0: float = 0.0
 
@@ -51,6 +53,8 @@ class StepMonitor:
         self._t0 = time.perf_counter()
 
     def end(self, i: int) -> None:
+        if self.sync is not None:
+            self.sync()
         rec = StepRecord(i, self.total, time.perf_counter() - self._t0)
         self.steps.append(rec)
         if self.on_step is not None:
@@ -105,6 +109,7 @@ class DenoiseResult:
     adapter_s: float = 0.0
     shift: float = 0.0
     audio_shift: float = 0.0
+    profile_path: str | None = None
 
     def schedule_note(self, adapters: tuple = ()) -> str:
         parts = [f"{len(self.steps)} forwards, shift {self.shift:g} (video) / {self.audio_shift:g} (audio)"]
@@ -113,6 +118,8 @@ class DenoiseResult:
                          + f" (switch {self.adapter_s * 1e3:.1f} ms)")
         if self.swap_s:
             parts.append(f"swapped partition in {self.swap_s:.2f} s")
+        if self.profile_path:
+            parts.append(f"profile {self.profile_path}")
         return "; ".join(parts)
 
 
@@ -197,13 +204,19 @@ class BSide:
             pipe = self._pipe(payload.workflow)
             adapter_s, schedule = self.adapters.activate(tuple((a.path, a.weight) for a in payload.adapters))
             shifts = self._apply_schedule(pipe, schedule)
+            cuda = self.device.startswith("cuda")
             monitor = StepMonitor(total=payload.num_inference_steps, on_step=on_step, should_cancel=should_cancel,
-                                  request_id=payload.request_id)
+                                  request_id=payload.request_id,
+                                  sync=self._torch.cuda.synchronize if cuda else None)
             self._slot.monitor = monitor
             t0 = time.perf_counter()
+            self.last_profile = None
             try:
                 generator = self._torch.Generator("cpu").manual_seed(payload.seed)
-                out = pipe(**payload.pipeline_inputs(), generator=generator, output=["latents", "audio_latents"])
+                with maybe_profile(f"denoise_{payload.request_id}", cuda) as prof:
+                    out = pipe(**payload.pipeline_inputs(), generator=generator,
+                               output=["latents", "audio_latents"])
+                self.last_profile = prof.path
             finally:
                 self._slot.monitor = None
             compute_s = time.perf_counter() - t0
@@ -216,7 +229,9 @@ class BSide:
             latents=wire.WireTensor.from_torch(out["latents"].float()),
             audio_latents=wire.WireTensor.from_torch(out["audio_latents"].float()),
         )
-        return DenoiseResult(result.validate(), monitor.steps, compute_s, swap_s, adapter_s, *shifts)
+        res = DenoiseResult(result.validate(), monitor.steps, compute_s, swap_s, adapter_s, *shifts)
+        res.profile_path = self.last_profile
+        return res
 
     def _apply_schedule(self, pipe, schedule: AdapterSchedule) -> tuple[float, float]:
         """Schedulers for this request: the checkpoint's own, or fresh ones with the adapter's shifts."""

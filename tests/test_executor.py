@@ -239,3 +239,25 @@ def test_local_a_bit_exact(local_executor, executor, tiny_ckpt, media, workflow)
     recs = {r.stage: r for r in result.records}
     assert recs["encode"].serialize_s > 0 and recs["b_to_a"].machine == "A"
     assert local_executor.check_health()["A"]["node_ip"] == "127.0.0.2"
+
+
+def test_profiling_env_reaches_both_actors(ray_cluster, tiny_ckpt, tmp_path, media):
+    """H3_PROFILE is forwarded to the actors before their imports and yields Chrome traces of every stage."""
+    import json
+
+    from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+
+    ex = H3Executor(SideConfig(str(tiny_ckpt), dtype="float32", threads=1),
+                    BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_profiled"),
+                    env={"H3_PROFILE": "1", "H3_PROFILE_DIR": str(tmp_path)}, timeouts=Timeouts(start=120))
+    try:
+        ex.start()
+        res = ex.generate(workflow_request("t2va", media)[0])
+    finally:
+        ex.shutdown(kill_b=True)
+    note = next(r.note for r in res.records if r.stage == "denoise")
+    trace = tmp_path / f"denoise_{res.request_id}.json"
+    assert f"profile {trace}" in note
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert (tmp_path / f"encode_{res.request_id}.json").is_file()
+    assert (tmp_path / f"decode_{res.request_id}.json").is_file()

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import split, wire
 from .backends import resolve_attention_backend
+from .profiling import maybe_profile
 from .request import H3Request, ValidRequest, validate_request
 
 
@@ -91,7 +92,8 @@ class ASide:
             req = req.with_canvas(*self.default_canvas())
         pipe = self._pipe(req.workflow, "encode")
         accepted = self._accepts[(req.workflow, "encode")]
-        state = pipe(**{k: v for k, v in self.encode_inputs(req).items() if k in accepted})
+        with maybe_profile(f"encode_{req.request_id}", self.device.startswith("cuda")):
+            state = pipe(**{k: v for k, v in self.encode_inputs(req).items() if k in accepted})
         get = state.get
         height = get("height") if get("height") is not None else req.height
         width = get("width") if get("width") is not None else req.width
@@ -122,8 +124,9 @@ class ASide:
         """diffusers' decode outputs (``videos``, ``audio``, ``sampling_rate``) for validated latents."""
         latents.validate()
         pipe = self._pipe(latents.workflow, "decode")
-        return pipe(latents=latents.latents.to_torch(), audio_latents=latents.audio_latents.to_torch(),
-                    output_type=output_type, output=["videos", "audio", "sampling_rate"])
+        with maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
+            return pipe(latents=latents.latents.to_torch(), audio_latents=latents.audio_latents.to_torch(),
+                        output_type=output_type, output=["videos", "audio", "sampling_rate"])
 
     def decode(self, latents: wire.DenoisedLatents) -> DecodedMedia:
         t0 = time.perf_counter()

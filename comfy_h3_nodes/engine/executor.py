@@ -460,6 +460,10 @@ class H3Executor:
         """Run one stage coroutine (``encode``/``denoise``/``decode``) on the executor loop from any thread."""
         return self._loop.submit(coro)
 
+    def submit_denoise(self, enc: Encoded, on_step=None) -> Future:
+        """Start B's denoise of an already encoded request; a Future of :class:`Denoised`."""
+        return self.run_stage(self._denoise(enc, on_step))
+
     def encode(self, request: H3Request) -> Encoded:
         return self.run_stage(self._encode(request)).result()
 

@@ -32,14 +32,15 @@ CLUSTER = ClusterState()
 
 
 def encoders(model_path: str, dtype: str = "bfloat16", attention_backend: str = "sdpa", device: str | None = None):
-    """The resident A side for this configuration (loaded on first use, then reused)."""
+    """``(side, loaded_now)``: the resident A side for this configuration (loaded on first use, then reused)."""
     from .a_side import ASide
 
     key = (str(model_path), dtype, attention_backend, device)
     with _lock:
-        if key not in _encoders:
-            _encoders[key] = ASide(model_path, dtype=dtype, attention_backend=attention_backend, device=device)
-        return _encoders[key]
+        if key in _encoders:
+            return _encoders[key], False
+        _encoders[key] = ASide(model_path, dtype=dtype, attention_backend=attention_backend, device=device)
+        return _encoders[key], True
 
 
 def ensure_cluster(address: str = "local", token_file: str | None = None) -> ClusterState:
