@@ -27,6 +27,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+	node --test tests/web/
 
 bench: $(STAMP)
 	$(PY) -m comfy_h3_nodes bench handoff

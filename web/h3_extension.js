@@ -1,0 +1,345 @@
+// comfy-h3 web extension: the thin glue between ComfyUI's frontend and the view modules.
+//
+// - a readout DOM widget on every H3 node (works in the classic LiteGraph canvas and in Vue-node mode), updated
+//   from the websocket events `h3.progress` (live) and `h3.timing` (final figures);
+// - a timeline panel (sidebar tab when the frontend has the API, else a floating panel behind a small button):
+//   one waterfall per request, cluster status from /h3/status, JSON/CSV export of /h3/timings;
+// - every handler is wrapped: nothing here throws into the console (console.warn at most).
+// The logic lives in h3_view.js, h3_timeline.js and h3_dom.js (no ComfyUI import there).
+
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+import { DEFAULT_WARN_PERCENT, H3Store, isH3NodeType, readoutModel, statusModel } from "./h3_view.js";
+import {
+  createFloatingPanel, createReadoutElement, downloadText, ensureStyles, renderReadout, TimelinePanel,
+} from "./h3_dom.js";
+
+const EXTENSION = "comfy-h3.timing";
+export const SETTING_WARN_PERCENT = "comfy-h3.TransferWarnPercent";
+const SIDEBAR_ID = "comfy-h3-timeline";
+const WIDGET_NAME = "h3_timing";
+const STATUS_MIN_INTERVAL_MS = 3000;
+const TIMINGS_MIN_INTERVAL_MS = 1000;
+
+const store = new H3Store();
+const readouts = new Map(); // graph node -> readout element
+const panels = new Set();
+const state = { status: null, statusError: null, reconnecting: false };
+
+function warn(...args) {
+  try {
+    console.warn("[comfy-h3]", ...args);
+  } catch {
+    /* nothing left to do */
+  }
+}
+
+/** Wraps a handler so that neither a throw nor a rejected promise reaches the console as an error. */
+function safe(fn) {
+  return function wrapped(...args) {
+    try {
+      const r = fn.apply(this, args);
+      if (r && typeof r.then === "function") return r.catch((e) => warn(e));
+      return r;
+    } catch (e) {
+      warn(e);
+      return undefined;
+    }
+  };
+}
+
+function warnShare() {
+  let v;
+  try {
+    v = app.extensionManager?.setting?.get?.(SETTING_WARN_PERCENT);
+  } catch {
+    v = undefined;
+  }
+  if (v === undefined || v === null) {
+    try {
+      v = app.ui?.settings?.getSettingValue?.(SETTING_WARN_PERCENT);
+    } catch {
+      v = undefined;
+    }
+  }
+  const n = Number(v);
+  return (v !== undefined && v !== null && v !== "" && Number.isFinite(n) && n >= 0 ? n : DEFAULT_WARN_PERCENT) / 100;
+}
+
+// ------------------------------------------------------------------------------------------------ node readouts
+
+function nodeClass(node) {
+  return node?.comfyClass ?? node?.constructor?.comfyClass ?? node?.type ?? null;
+}
+
+function renderNode(node, el) {
+  const model = readoutModel(store, node.id, { warnShare: warnShare(), nodeType: nodeClass(node) });
+  renderReadout(el, model);
+}
+
+function renderNodes() {
+  for (const [node, el] of readouts) {
+    try {
+      renderNode(node, el);
+    } catch (e) {
+      warn(e);
+    }
+  }
+}
+
+function attach(node) {
+  if (!node || readouts.has(node) || !isH3NodeType(nodeClass(node))) return;
+  if (typeof node.addDOMWidget !== "function") return;
+  if (node.widgets?.some?.((w) => w?.name === WIDGET_NAME)) return;
+  const el = createReadoutElement(document);
+  const tall = nodeClass(node) === "H3RemoteDenoise"; // its figure line wraps on a narrow node
+  const widget = node.addDOMWidget(WIDGET_NAME, "h3_readout", el, {
+    serialize: false, hideOnZoom: false, getMinHeight: () => (tall ? 64 : 40), getMaxHeight: () => (tall ? 84 : 56),
+  });
+  if (widget && typeof widget === "object") widget.serialize = false; // keep it out of widgets_values
+  readouts.set(node, el);
+  const onRemoved = node.onRemoved;
+  node.onRemoved = function h3OnRemoved(...args) {
+    readouts.delete(node);
+    return onRemoved?.apply(this, args);
+  };
+  renderNode(node, el);
+  try {
+    if (Array.isArray(node.size) && typeof node.computeSize === "function" && typeof node.setSize === "function") {
+      const want = node.computeSize();
+      node.setSize([Math.max(node.size[0], want[0]), Math.max(node.size[1], want[1])]);
+    }
+  } catch {
+    /* sizing is cosmetic */
+  }
+}
+
+function graphNodes() {
+  const g = app.graph;
+  const list = g?.nodes ?? g?._nodes ?? [];
+  return Array.isArray(list) ? list : [];
+}
+
+// ------------------------------------------------------------------------------------------------ panels
+
+let panelTimer = null;
+function schedulePanels() {
+  if (panelTimer !== null) return;
+  panelTimer = setTimeout(safe(() => {
+    panelTimer = null;
+    renderPanels();
+  }), 60);
+}
+
+function renderPanels() {
+  const share = warnShare();
+  const model = statusModel(state.status, { fetchError: state.statusError });
+  for (const p of [...panels]) {
+    if (!p.floating && p.mounted && !p.el.isConnected) {
+      panels.delete(p);
+      continue;
+    }
+    try {
+      p.setStatus(model);
+      p.setRequests(store, { warnShare: share });
+      if (state.reconnecting) p.setMessage("websocket reconnecting…");
+      else if (p.message.textContent === "websocket reconnecting…") p.setMessage("");
+    } catch (e) {
+      warn(e);
+    }
+  }
+}
+
+function changed() {
+  renderNodes();
+  schedulePanels();
+}
+
+function newPanel() {
+  const panel = new TimelinePanel(document, {
+    refresh: () => Promise.all([refreshStatus(true), refreshTimings(true)]),
+    exportJSON: () => exportTimings("json"),
+    exportCSV: () => exportTimings("csv"),
+  });
+  panels.add(panel);
+  return panel;
+}
+
+function mountPanel(container) {
+  const panel = newPanel();
+  container.replaceChildren(panel.el);
+  panel.mounted = true;
+  renderPanels();
+  refreshStatus(true);
+  refreshTimings(true);
+}
+
+// ------------------------------------------------------------------------------------------------ routes
+
+async function getJSON(route) {
+  const r = await api.fetchApi(route, { cache: "no-store" });
+  if (!r.ok) throw new Error(`${route}: HTTP ${r.status}`);
+  return r.json();
+}
+
+let statusInflight = null;
+let statusLast = 0;
+let statusTimer = null;
+function refreshStatus(force = false) {
+  if (statusInflight) return statusInflight;
+  const wait = STATUS_MIN_INTERVAL_MS - (Date.now() - statusLast);
+  if (!force && wait > 0) {
+    if (statusTimer === null) {
+      statusTimer = setTimeout(safe(() => {
+        statusTimer = null;
+        refreshStatus(true);
+      }), wait);
+    }
+    return Promise.resolve();
+  }
+  statusLast = Date.now();
+  statusInflight = getJSON("/h3/status")
+    .then((data) => {
+      state.status = data;
+      state.statusError = null;
+    })
+    .catch((e) => {
+      state.status = null;
+      state.statusError = e?.message ?? String(e);
+    })
+    .finally(() => {
+      statusInflight = null;
+      schedulePanels();
+    });
+  return statusInflight;
+}
+
+let timingsInflight = null;
+let timingsLast = 0;
+function refreshTimings(force = false) {
+  if (timingsInflight) return timingsInflight;
+  if (!force && Date.now() - timingsLast < TIMINGS_MIN_INTERVAL_MS) return Promise.resolve();
+  timingsLast = Date.now();
+  timingsInflight = getJSON("/h3/timings")
+    .then((data) => {
+      if (store.ingestRecords(data)) changed();
+    })
+    .catch(() => {
+      /* the route answers once the pack is loaded; the live events still fill the view */
+    })
+    .finally(() => {
+      timingsInflight = null;
+    });
+  return timingsInflight;
+}
+
+async function exportTimings(format) {
+  const csv = format === "csv";
+  const r = await api.fetchApi(csv ? "/h3/timings?format=csv" : "/h3/timings", { cache: "no-store" });
+  if (!r.ok) throw new Error(`HTTP ${r.status}`);
+  let text = await r.text();
+  if (!csv) {
+    try {
+      text = JSON.stringify(JSON.parse(text), null, 2);
+    } catch {
+      /* keep the server's text */
+    }
+  }
+  const stamp = new Date().toISOString().replace(/[:.]/g, "-");
+  downloadText(document, `h3_timings_${stamp}.${csv ? "csv" : "json"}`, text, csv ? "text/csv" : "application/json");
+}
+
+// ------------------------------------------------------------------------------------------------ events
+
+function listen() {
+  const on = (type, fn) => api.addEventListener(type, safe(fn));
+  on("h3.timing", (e) => {
+    if (store.ingestTiming(e.detail)) changed();
+  });
+  on("h3.progress", (e) => {
+    if (store.ingestProgress(e.detail)) changed();
+  });
+  on("executed", (e) => {
+    if (store.ingestExecuted(e.detail)) changed();
+  });
+  on("execution_start", (e) => {
+    store.executionStart(e.detail);
+    changed();
+  });
+  on("execution_cached", (e) => {
+    store.executionCached(e.detail);
+    changed();
+  });
+  on("executing", (e) => {
+    store.executing(e.detail);
+    changed();
+  });
+  for (const kind of ["execution_success", "execution_error", "execution_interrupted"]) {
+    on(kind, (e) => {
+      store.executionEnd(kind, e.detail);
+      changed();
+      refreshTimings(true);
+      refreshStatus(false);
+    });
+  }
+  on("status", () => {
+    refreshStatus(false);
+  });
+  on("reconnecting", () => {
+    state.reconnecting = true;
+    schedulePanels();
+  });
+  on("reconnected", () => {
+    state.reconnecting = false;
+    refreshStatus(true);
+    refreshTimings(true);
+    schedulePanels();
+  });
+}
+
+// ------------------------------------------------------------------------------------------------ registration
+
+app.registerExtension({
+  name: EXTENSION,
+  settings: [
+    {
+      id: SETTING_WARN_PERCENT,
+      category: ["comfy-h3", "Timings", "Transfer highlight"],
+      name: "Highlight a transfer that takes more than this share of its request (%)",
+      type: "number",
+      defaultValue: DEFAULT_WARN_PERCENT,
+      attrs: { min: 0, max: 100, step: 1 },
+      onChange: safe(() => changed()),
+    },
+  ],
+  setup: safe(function setup() {
+    ensureStyles(document);
+    listen();
+    const em = app.extensionManager;
+    if (em && typeof em.registerSidebarTab === "function") {
+      em.registerSidebarTab({
+        id: SIDEBAR_ID,
+        icon: "pi pi-chart-bar",
+        title: "H3",
+        tooltip: "H3 timings and cluster status",
+        type: "custom",
+        render: safe((el) => mountPanel(el)),
+      });
+    } else {
+      const panel = newPanel();
+      panel.floating = true;
+      const { box } = createFloatingPanel(document, panel.el);
+      box.addEventListener("h3-open", safe(() => {
+        renderPanels();
+        refreshStatus(true);
+        refreshTimings(true);
+      }));
+    }
+    for (const node of graphNodes()) attach(node);
+    refreshStatus(true);
+    refreshTimings(true);
+    schedulePanels();
+  }),
+  nodeCreated: safe((node) => attach(node)),
+  loadedGraphNode: safe((node) => attach(node)),
+});
