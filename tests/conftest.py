@@ -90,6 +90,32 @@ def single_process_reference(ckpt, workflow: str, media, dtype: str = "float32",
     return out
 
 
+def plasma_objects() -> int:
+    """Objects in the object stores of *this* session's cluster (the address is explicit: other Ray clusters may run
+    on the machine, and Ray's default picks the most recent one)."""
+    import ray
+    from ray._private.internal_api import memory_summary
+
+    text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+    line = next(l for l in text.splitlines() if "Plasma memory usage" in l)
+    return int(line.split(",")[1].split()[0])
+
+
+def wait_store_empty(timeout: float = 15.0) -> int:
+    """Plasma object count once it reaches 0 (Ray frees objects asynchronously after the last ref goes), or the
+    count still there at the deadline."""
+    import gc
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        n = plasma_objects()
+        if n == 0 or time.monotonic() > deadline:
+            return n
+        time.sleep(0.25)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real two-node Ray cluster (A at 127.0.0.2, B at 127.0.0.3), one per session."""

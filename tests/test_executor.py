@@ -16,7 +16,7 @@ import torch
 from comfy_h3_nodes.engine.cluster import ROLE_A, ROLE_B, ClusterError, NodeInfo, validate_topology
 from comfy_h3_nodes.engine.executor import H3Cancelled
 from comfy_h3_nodes.engine.request import H3Request
-from conftest import PROMPT, single_process_reference, workflow_request
+from conftest import wait_store_empty, PROMPT, single_process_reference, workflow_request
 
 
 def _driver_refs() -> int:
@@ -25,11 +25,6 @@ def _driver_refs() -> int:
     return len(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
 
 
-def _plasma_objects() -> int:
-    from ray._private.internal_api import memory_summary
-
-    line = next(l for l in memory_summary(stats_only=True).splitlines() if "Plasma memory usage" in l)
-    return int(line.split(",")[1].split()[0])
 
 
 @pytest.mark.parametrize("workflow", ["t2va", "fl2va", "ref2va"])
@@ -192,7 +187,7 @@ def test_cancel_mid_denoise_stops_b_within_one_step(executor, media):
     del fut
     gc.collect()
     assert _driver_refs() <= refs_before
-    assert _plasma_objects() == 0
+    assert wait_store_empty() == 0
     # B serves the next request
     ok = executor.generate(workflow_request("t2va", media, seed=6)[0])
     assert ok.media.frames.shape == (124, 64, 64, 3)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from comfy_h3_nodes.engine.executor import H3Cancelled, H3Error
-from conftest import workflow_request
+from conftest import wait_store_empty, workflow_request
 
 DEATH_BOUND_S = 10.0
 
@@ -35,11 +35,6 @@ def _b_back(executor):
     return ray.get(executor.b.ping.remote(), timeout=5) == "127.0.0.3"
 
 
-def _plasma_objects() -> int:
-    from ray._private.internal_api import memory_summary
-
-    line = next(l for l in memory_summary(stats_only=True).splitlines() if "Plasma memory usage" in l)
-    return int(line.split(",")[1].split()[0])
 
 
 def test_b_actor_killed_mid_denoise(executor, media):
@@ -88,7 +83,7 @@ def test_cancel_after_denoise_skips_decode(executor, media):
     with pytest.raises(H3Cancelled):
         executor.submit(req, on_step=on_step).result(timeout=60)
     gc.collect()
-    assert _plasma_objects() == 0
+    assert wait_store_empty() == 0
     assert executor.generate(workflow_request("t2va", media, seed=25)[0]).media.frames.shape[0] == 124
 
 
@@ -113,7 +108,7 @@ def test_load_twenty_requests_two_in_flight(executor, media):
     assert not np.array_equal(results[1].media.frames, results[2].media.frames)
     del results, again, warm
     gc.collect()
-    assert _plasma_objects() == 0
+    assert wait_store_empty() == 0
     rss1 = {k: ray.get(a.health.remote(), timeout=10)["memory"]["rss_mb"]
             for k, a in (("A", executor.a), ("B", executor.b))}
     for k in rss0:

@@ -395,6 +395,11 @@ class H3Executor:
             if rid in self._cancelled:
                 raise H3Cancelled(f"request {rid} was cancelled; B stopped it between two steps.") from None
             raise err from None
+        finally:
+            if not fut.done():
+                fut.cancel()
+            elif not fut.cancelled():
+                fut.exception()  # mark a failure we reported another way as retrieved
         # steps that finished after the last poll
         if on_step is not None:
             for i, sec in enumerate(records[1].steps[seen:], start=seen):
