@@ -64,7 +64,8 @@ def ensure_cluster(address: str = "local", token_file: str | None = None) -> Clu
             CLUSTER.embedded = cl.EmbeddedCluster().start()
             CLUSTER.mode, CLUSTER.address = "local", CLUSTER.embedded.address
         else:
-            cl.connect(address, token_file=token_file)
+            # ComfyUI runs on machine A, which hosts the head: join A's own raylet (the head's address is A's).
+            cl.connect(address, token_file=token_file, node_ip=address.rsplit(":", 1)[0].strip("[]"))
             CLUSTER.mode, CLUSTER.address = "address", address
         CLUSTER.started = time.time()
         return CLUSTER
