@@ -221,12 +221,15 @@ class H3RemoteDiT:
     def IS_CHANGED(cls, **kwargs):
         return float("nan")  # re-check topology and health on every run
 
+    # No **kwargs in any VALIDATE_INPUTS: ComfyUI skips its own min/max and combo checks for every input a
+    # VALIDATE_INPUTS names, and for all of them when it takes **kwargs. A linked input arrives as None.
     @classmethod
-    def VALIDATE_INPUTS(cls, cluster_address, actor_name, **kwargs):
-        addr = (cluster_address or "").strip()
-        if addr != "local" and (":" not in addr or not addr.rsplit(":", 1)[1].isdigit()):
-            return f"cluster_address {cluster_address!r} must be 'local' or host:port (e.g. 192.168.100.1:6379)."
-        if not (actor_name or "").strip():
+    def VALIDATE_INPUTS(cls, cluster_address=None, actor_name=None):
+        if cluster_address is not None:
+            addr = cluster_address.strip()
+            if addr != "local" and (":" not in addr or not addr.rsplit(":", 1)[1].isdigit()):
+                return f"cluster_address {cluster_address!r} must be 'local' or host:port (e.g. 192.168.100.1:6379)."
+        if actor_name is not None and not actor_name.strip():
             return "actor_name is empty; use the name `remote_worker setup` printed (default h3_dit)."
         return True
 
@@ -266,7 +269,7 @@ class H3LoRA:
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     @classmethod
-    def VALIDATE_INPUTS(cls, lora_path=None, strength=None, **kwargs):
+    def VALIDATE_INPUTS(cls, lora_path=None, strength=None):
         if lora_path is not None and strength is not None:
             try:
                 rq.check_adapters([(lora_path, strength)])
@@ -350,7 +353,7 @@ class H3TextEncode:
             "hidden": {"unique_id": "UNIQUE_ID"}}
 
     @classmethod
-    def VALIDATE_INPUTS(cls, width=None, height=None, num_frames=None, prompt=None, **kwargs):
+    def VALIDATE_INPUTS(cls, width=None, height=None, num_frames=None, prompt=None):
         if isinstance(width, int) and isinstance(height, int):
             if (width == 0) != (height == 0):
                 return f"width {width} and height {height}: set both to 0 (automatic) or both to a size."
@@ -405,7 +408,7 @@ class H3RemoteDenoise:
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     @classmethod
-    def VALIDATE_INPUTS(cls, seed=None, steps=None, **kwargs):
+    def VALIDATE_INPUTS(cls, seed=None, steps=None):
         try:
             if steps is not None:
                 rq.check_steps(steps)

@@ -12,6 +12,7 @@ turns token authentication on by default for ``ray start``: this module exists s
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import pathlib
@@ -157,6 +158,28 @@ def connect(address: str, namespace: str = NAMESPACE, token_file: str | None = N
         raise ClusterError(f"joining Ray at {address} took {time.monotonic() - t0:.0f} s, over {timeout:.0f} s.")
 
 
+@contextlib.contextmanager
+def _ray_nodes_off_main_thread():
+    """Let ``ray.cluster_utils`` start raylets from a thread that is not the main one (ComfyUI runs nodes on its
+    prompt worker thread). Ray registers a SIGTERM handler for every node it starts, and ``signal.signal`` raises
+    ``ValueError`` off the main thread. Skip only that registration, as ``ray.init`` itself does off the main thread;
+    the atexit clean-up, the reaper process and the children's parent-death signal still take the raylets down with
+    this process."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        yield
+        return
+    import ray._private.utils as ray_utils
+
+    original = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = original
+
+
 class EmbeddedCluster:
     """A real two-node Ray cluster on this machine: node A (the driver's) at 127.0.0.2, node B at 127.0.0.3."""
 
@@ -184,13 +207,18 @@ class EmbeddedCluster:
                      "num_cpus": self.num_cpus, "include_dashboard": False}
         if self.system_config:
             head_args["_system_config"] = self.system_config
-        self._cluster = Cluster(initialize_head=True, head_node_args=head_args)
-        self.b_node = self.add_b_node()
+        with _ray_nodes_off_main_thread():
+            self._cluster = Cluster(initialize_head=True, head_node_args=head_args)
+            self.b_node = self.add_b_node()
         ray.init(address=self._cluster.address, namespace=self.namespace, _node_ip_address=A_IP,
                  log_to_driver=False)
         return self
 
     def add_b_node(self):
+        with _ray_nodes_off_main_thread():
+            return self._add_b_node()
+
+    def _add_b_node(self):
         node = self._cluster.add_node(resources={ROLE_B: ROLE_UNITS}, node_ip_address=B_IP,
                                       object_store_memory=self.object_store_mb * 2**20, num_cpus=self.num_cpus)
         self._cluster.wait_for_nodes()

@@ -81,7 +81,7 @@ test("replay: one waterfall per request with every stage record of that request"
   const expected = new Map();
   for (const t of timings) {
     for (const r of t.stages ?? []) {
-      if (r.request_id === null || r.request_id === undefined) continue;
+      if (!r.request_id) continue; // load/connect records belong to no request ("")
       if (!expected.has(r.request_id)) expected.set(r.request_id, []);
       expected.get(r.request_id).push(r);
     }

@@ -1,0 +1,56 @@
+"""The embedded cluster starts from a thread that is not the main one, as ComfyUI runs nodes on its prompt worker
+thread (Ray's node start registers a SIGTERM handler, which only the main thread may do), and its raylets go away
+with the process that started them.
+
+Runs in a subprocess: the test session may already have its own Ray cluster initialised in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+SCRIPT = textwrap.dedent("""
+    import os, threading
+    from comfy_h3_nodes.engine import cluster as cl
+
+    out = {}
+
+    def start():
+        try:
+            c = cl.EmbeddedCluster(object_store_mb=80, num_cpus=1).start()
+            out["topology"] = cl.validate_topology().to_dict()
+            out["cluster"] = c
+        except BaseException as exc:
+            out["error"] = repr(exc)
+
+    t = threading.Thread(target=start, name="prompt_worker")
+    t.start()
+    t.join(240)
+    assert not t.is_alive(), "the cluster did not start within 240 s"
+    assert "error" not in out, out.get("error")
+    print("A", out["topology"]["A"]["ip"], "B", out["topology"]["B"]["ip"], flush=True)
+    out["cluster"].shutdown()
+    print("done", flush=True)
+""")
+
+
+def test_embedded_cluster_starts_off_the_main_thread():
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, out[-3000:]
+    assert "A 127.0.0.2 B 127.0.0.3" in out and "done" in out, out[-3000:]
+    assert "signal only works in main thread" not in out
