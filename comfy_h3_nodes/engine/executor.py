@@ -395,6 +395,10 @@ class H3Executor:
             if rid in self._cancelled:
                 raise H3Cancelled(f"request {rid} was cancelled; B stopped it between two steps.") from None
             raise err from None
+        except BaseException:
+            # the latents ref carries the same error; read it when it lands so Ray does not log it as unhandled
+            latents_ref.future().add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise
         finally:
             if not fut.done():
                 fut.cancel()
@@ -447,6 +451,13 @@ class H3Executor:
                 self._cancelled.discard(request.request_id)
 
     # ------------------------------------------------------------------------------------------------ public
+    def set_max_in_flight(self, n: int) -> None:
+        """Change the bound for requests submitted from now on (those in flight keep theirs)."""
+        if n < 1:
+            raise ValueError(f"max_in_flight is {n}; it must be at least 1.")
+        self.max_in_flight = n
+        self._sem = None  # created lazily on the executor loop with the new bound
+
     def submit(self, request: H3Request, on_step=None) -> Future:
         """Start a request; returns a Future of :class:`GenerationResult` (bounded by ``max_in_flight``)."""
         return self._loop.submit(self._generate(request, on_step))

@@ -1,0 +1,154 @@
+"""Smoke tests of ``python -m comfy_h3_nodes bench``: each bench runs with tiny counts and prints well-formed output.
+
+Timing goals are reported by the benches, never asserted here (2 shared CPU cores). What is asserted are facts that
+do not depend on speed: payload sizes, zero-copy arrival, a warm request loading nothing, the JSON shape. The
+NaN/inf check and the once-per-object validation that the hand-off work introduced are tested at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from comfy_h3_nodes import bench
+from comfy_h3_nodes.engine import wire
+
+SHAPE_BYTES = {
+    "t2va 832x480x124 A->B": 256 * 5120 * 2 + 256 * 8,
+    "832x480x124 B->A": 24 * 37 * 30 * 52 * 4 + 2 * 32 * 207 * 4,
+    "1344x768x124 B->A": 24 * 37 * 48 * 84 * 4 + 2 * 32 * 207 * 4,
+    "1344x768x345 B->A": 24 * 102 * 48 * 84 * 4 + 2 * 32 * 575 * 4,
+    "ref2va 1344x768x124 +1 image A->B": 7552 * 5120 * 2 + 7552 * 8 + 24 * 128 * 224 * 4,
+}
+
+
+def _run(argv, capsys) -> tuple[dict, str]:
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    return json.loads(lines[-1]), "\n".join(lines[:-1])
+
+
+def test_payloads_are_real_shapes_and_valid():
+    for spec in bench.handoff_shapes():
+        payload = bench.build_payload(spec)
+        assert payload.nbytes == SHAPE_BYTES[spec["name"]], spec["name"]
+        if spec["kind"] == "encoded":
+            assert payload.prompt_embeds.dtype == "bfloat16"
+        else:
+            assert payload.latents.dtype == "float32"
+
+
+def test_handoff_smoke(ray_cluster, capsys):
+    out, table = _run(["handoff", "--quick", "--repeats", "2", "--json"], capsys)
+    assert out["bench"] == "handoff" and out["quick"] is True and out["repeats"] == 2
+    assert set(out["shapes"]) == set(SHAPE_BYTES)
+    for name, row in out["shapes"].items():
+        assert row["bytes"] == SHAPE_BYTES[name]
+        for key in ("receive_ms", "raw_ms", "memcpy_ms", "serialize_ms", "fetch_ms", "materialize_ms",
+                    "validate_ms", "local_get_ms", "ratio_vs_raw", "ratio_paired"):
+            assert isinstance(row[key], float) and row[key] > 0, (name, key)
+        assert row["ratio_vs_raw"] == pytest.approx(row["receive_ms"] / row["raw_ms"], rel=1e-2)
+        assert row["direction"] in ("A->B", "B->A") and row["repeats"] == 2
+        # every wire tensor arrived as a read-only view of the object store, and its torch tensor is that memory
+        assert row["zero_copy"] is True and row["raw_zero_copy"] is True
+        assert name in table
+    assert "receive" in table and "raw" in table
+
+
+def test_pipeline_smoke(ray_cluster, tiny_ckpt, capsys):
+    out, table = _run(["pipeline", "--quick", "--requests", "2", "--ckpt", str(tiny_ckpt), "--json"], capsys)
+    assert out["bench"] == "pipeline" and out["requests"] == 2
+    assert out["synthetic_s"] == {k: v / 4 for k, v in bench.DEFAULT_SYNTHETIC.items()}
+    assert set(out["runs"]) == {"2"}
+    run = out["runs"]["2"]
+    for key in ("makespan_s", "ratio_vs_ideal", "speedup_vs_sequential"):
+        assert run[key] > 0
+    assert run["max_seen_in_flight"] == 2
+    assert out["ideal_s"] > 0 and out["sequential_makespan_s"] > 0
+    # the synthetic times reached the actors: each stage took at least its sleep
+    med = out["sequential_stage_medians_s"]
+    for stage, sleep in out["synthetic_s"].items():
+        assert med[stage] >= sleep
+    assert "ideal" in table and "sequential" in table
+
+
+def test_step_overhead_smoke(tiny_ckpt, capsys):
+    out, table = _run(["step-overhead", "--quick", "--iterations", "500", "--ckpt", str(tiny_ckpt), "--json"],
+                      capsys)
+    assert out["bench"] == "step-overhead" and out["iterations"] == 500
+    assert out["hooked_step_us"] > 0 and out["empty_step_us"] > 0 and out["progress_poll_us"] > 0
+    assert set(out["tiny_model"]) >= {"with_hooks_ms_per_step", "without_hooks_ms_per_step", "steps"}
+    assert "hook" in table
+
+
+def test_warm_smoke(ray_cluster, tiny_ckpt, capsys):
+    out, table = _run(["warm", "--quick", "--ckpt", str(tiny_ckpt), "--json"], capsys)
+    assert out["bench"] == "warm"
+    assert set(out["startup_loads"]["A"]) == {"text_encoder", "tokenizer", "processor", "vae", "audio_vae"}
+    assert "transformer" in out["startup_loads"]["B"]
+    assert out["second"]["loads"] == 0 and out["second"]["load_s"] == 0.0
+    assert out["first"]["wall_s"] > 0 and out["second"]["wall_s"] > 0
+    assert "second" in table
+
+
+def test_cli_dispatch():
+    """``python -m comfy_h3_nodes bench`` reaches bench.main (the verb needs no cluster)."""
+    proc = subprocess.run([sys.executable, "-m", "comfy_h3_nodes", "bench", "step-overhead", "--quick",
+                           "--iterations", "200", "--no-model", "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["bench"] == "step-overhead" and "tiny_model" not in out
+
+
+# ---------------------------------------------------------------------------------------- hand-off fixes
+def test_finite_check_matches_torch_for_every_bf16_word():
+    words = np.arange(1 << 16, dtype=np.uint16)
+    expected = torch.isfinite(torch.from_numpy(words.view(np.int16)).view(torch.bfloat16)).numpy()
+    got = np.array([wire._all_finite("bfloat16", words[i:i + 1]) for i in range(words.size)])
+    assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("where", [0, wire._FINITE_CHUNK - 1, wire._FINITE_CHUNK, 3 * wire._FINITE_CHUNK + 6])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_finite_check_finds_one_bad_value_anywhere(dtype, where, value):
+    t = torch.randn(3 * wire._FINITE_CHUNK + 7).to(getattr(torch, dtype))
+    wt = wire.WireTensor.from_torch(t)
+    assert wire._all_finite(dtype, wt.data)
+    t[where] = value
+    assert not wire._all_finite(dtype, wire.WireTensor.from_torch(t).data)
+
+
+def _t2va(**kw):
+    spec = {"name": "t", "kind": "encoded", "workflow": "t2va", "height": 64, "width": 64, "frames": 124,
+            "tokens": 8}
+    return bench.build_payload(spec)  # validated once already (text_dim 5120)
+
+
+def test_validation_runs_once_per_object_and_again_for_every_copy(monkeypatch):
+    payload = _t2va()
+    calls = []
+    real = wire._check_common
+    monkeypatch.setattr(wire, "_check_common", lambda *a: (calls.append(1), real(*a))[1])
+    payload.validate(text_dim=5120)
+    assert calls == []  # the same object with the same bounds: already checked
+    payload.validate()  # other bounds: checked again
+    assert len(calls) == 1
+    with pytest.raises(wire.WireError, match="expected \\(1, \\*, 32\\)"):
+        payload.validate(text_dim=32)
+    copy = pickle.loads(pickle.dumps(payload))  # what crossed the wire is a new object: always validated
+    copy.validate(text_dim=5120)
+    assert len(calls) == 3
+    bad = pickle.loads(pickle.dumps(payload))
+    data = bad.prompt_embeds.data
+    data[0, 0, 0] = 0x7FC0  # a bf16 NaN word
+    with pytest.raises(wire.WireError, match="NaN or inf"):
+        bad.validate(text_dim=5120)
