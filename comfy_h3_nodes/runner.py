@@ -402,17 +402,25 @@ def _shutdown_embedded() -> None:
         session.CLUSTER.embedded.shutdown()
 
 
-def main_run(argv: list[str]) -> int:
-    args = _parser("python -m comfy_h3_nodes run").parse_args(argv)
+def _execute_cli(args, workflow: str, *, tiny: bool, sets: list[str], cluster: str | None) -> int:
+    """Run for a command line: bad input exits 2, a failed run 1, each with one line on stderr."""
     try:
-        execute(args.workflow, tiny=args.tiny, model_path=args.model_path, sets=args.set, cluster=args.cluster,
-                output=args.output, events_out=args.events_out, json_out=args.json_out, inputs=args.input)
+        execute(workflow, tiny=tiny, model_path=args.model_path, sets=sets, cluster=cluster, output=args.output,
+                events_out=args.events_out, json_out=args.json_out, inputs=args.input)
     except (WorkflowError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # H3Error, ClusterError, AttentionBackendError: their messages say what to do
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     finally:
         _shutdown_embedded()
     return 0
+
+
+def main_run(argv: list[str]) -> int:
+    args = _parser("python -m comfy_h3_nodes run").parse_args(argv)
+    return _execute_cli(args, args.workflow, tiny=args.tiny, sets=args.set, cluster=args.cluster)
 
 
 DEMO_SETTINGS = ["3.width=128", "3.height=128", "3.num_frames=124", "5.steps=4"]
@@ -422,13 +430,5 @@ def main_demo(argv: list[str]) -> int:
     args = _parser("python -m comfy_h3_nodes demo").parse_args(argv)
     workflow = args.workflow or str(EXAMPLES / "h3_t2va.json")
     print(f"[comfy-h3] demo: {workflow} on the embedded two-node Ray cluster, tiny random checkpoint")
-    try:
-        execute(workflow, tiny=not args.model_path, model_path=args.model_path, sets=DEMO_SETTINGS + args.set,
-                cluster=args.cluster or "local", output=args.output, events_out=args.events_out,
-                json_out=args.json_out, inputs=args.input)
-    except (WorkflowError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        _shutdown_embedded()
-    return 0
+    return _execute_cli(args, workflow, tiny=not args.model_path, sets=DEMO_SETTINGS + args.set,
+                        cluster=args.cluster or "local")

@@ -21,7 +21,7 @@ log = logging.getLogger("comfy_h3.B")
 DEFAULT_NAME = "h3_dit"
 
 
-class DiTActorImpl:
+class DiTActorImpl(common.ResidentActorMixin):
     def __init__(self, config: dict):
         common.setup_process(config.get("threads"))
         from remote_worker import model_roots
@@ -136,13 +136,6 @@ class DiTActorImpl:
         info["busy"] = any(p["state"] in ("waiting", "running") for p in list(self._progress.values()))
         return info
 
-    @ray.method(concurrency_group="control")
-    def load_records(self) -> list:
-        return list(self.side.load_records)
-
-    @ray.method(concurrency_group="control")
-    def ping(self) -> str:
-        return self.node_ip
 
 
 _CLASS = None

@@ -126,6 +126,17 @@ def memory_info(device: str) -> dict:
     return info
 
 
+class ResidentActorMixin:
+    """Cheap methods both resident actors share (``side`` and ``node_ip`` are set in their ``__init__``). They run in
+    Ray's default concurrency group, apart from the encode/decode/denoise groups, so they answer during a request."""
+
+    def load_records(self) -> list:
+        return list(self.side.load_records)
+
+    def ping(self) -> str:
+        return self.node_ip
+
+
 def base_health(role: str, side, started: float) -> dict:
     import ray
 

@@ -20,7 +20,7 @@ log = logging.getLogger("comfy_h3.A")
 DEFAULT_NAME = "h3_encoders"
 
 
-class EncoderActorImpl:
+class EncoderActorImpl(common.ResidentActorMixin):
     def __init__(self, config: dict):
         common.setup_process(config.get("threads"))
         from .a_side import ASide
@@ -69,13 +69,6 @@ class EncoderActorImpl:
     def health(self) -> dict:
         return common.base_health("A", self.side, self.started)
 
-    @ray.method(concurrency_group="control")
-    def load_records(self) -> list:
-        return list(self.side.load_records)
-
-    @ray.method(concurrency_group="control")
-    def ping(self) -> str:
-        return self.node_ip
 
 
 _CLASS = None
