@@ -471,6 +471,7 @@ class H3RemoteDenoise:
         extra = {"steps_total": forwards, "schedule": f"{steps} sigma points: {den.records[1].note}",
                  "total_s": time.perf_counter() - t0}
         ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra)
+        h.progress_text(extra["schedule"], unique_id)
         return {"ui": ui, "result": (Latents(latents, records),)}
 
 

@@ -670,6 +670,11 @@ export function readoutModel(store, nodeId, { warnShare = DEFAULT_WARN_SHARE, no
   if (state === "cached") titles.push("(cached: figures of the run that produced this output)");
   model.lines.push(line0);
   if (line1.length) model.lines.push(line1);
+  if (typeof summary?.schedule === "string" && summary.schedule) {
+    // the effective schedule B ran (steps, sigma shifts, LoRA adapters and their switch time)
+    model.lines.push([{ text: summary.schedule, cls: "h3-detail h3-schedule", key: "schedule" }]);
+    titles.push(`schedule: ${summary.schedule}`);
+  }
   model.title = titles.join("\n");
   if (model.slow.length) model.classes.push("h3-has-slow");
   return model;

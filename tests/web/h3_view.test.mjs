@@ -282,3 +282,15 @@ test("statusModel: roles, versions, warnings when B is unreachable", () => {
   mixed.actors[0].health.B.versions.torch = "2.12.0";
   assert.deepEqual(statusModel(mixed).mismatches, [{ name: "torch", A: "2.13.0", B: "2.12.0" }]);
 });
+
+test("the denoise readout shows the effective schedule B ran", async () => {
+  const { H3Store, readoutModel, readoutText } = await import("../../web/h3_view.js");
+  const store = new H3Store();
+  const rec = { request_id: "r1", stage: "denoise", machine: "B", node: "127.0.0.3", start: 1, end: 2,
+                compute_s: 1, steps: [0.5, 0.5], bytes: {}, note: "" };
+  store.ingestTiming({ node: "5", node_type: "H3RemoteDenoise", request_id: "r1", stages: [rec],
+                    summary: { compute_s: 1, machine: "B", a_to_b: null, b_to_a: null, steps_done: 2,
+                               steps_total: 2, schedule: "4 sigma points: 3 forwards, shift 5 (video) / 3 (audio)" } });
+  const text = readoutText(readoutModel(store, "5"));
+  assert.match(text, /shift 5 \(video\)/);
+});
