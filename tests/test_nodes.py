@@ -240,3 +240,23 @@ def test_status_and_timings_routes(local_host, executor, runs):
     stages = {r["stage"] for r in tj["records"]}
     assert {"encode", "a_to_b", "denoise", "b_to_a", "decode", "save"} <= stages
     assert ctype.startswith("text/csv") and csv_text.splitlines()[0].startswith("request_id,stage,machine")
+
+
+def test_remote_dit_node_recovers_when_its_b_actor_is_gone(local_host, tiny_ckpt):
+    """H3RemoteDiT re-checks health on every run; a B actor that vanished is found or recreated, no restart."""
+    import ray
+
+    from comfy_h3_nodes import nodes as N
+
+    args = ("local", "h3_dit_reconnect", "comfy_h3", str(tiny_ckpt), "transformer", "float32", "sdpa")
+    first = N.H3RemoteDiT().connect(*args)["result"][0]
+    pid = ray.get(first.b.health.remote(), timeout=10)["pid"]
+    ray.kill(first.b, no_restart=True)
+    second = N.H3RemoteDiT().connect(*args)["result"][0]
+    assert second is not first
+    assert ray.get(second.b.health.remote(), timeout=30)["pid"] != pid
+    encoders = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa")["result"][0]
+    cond = N.H3TextEncode().encode(encoders, PROMPT, 64, 64, 124)["result"][0]
+    lat = asyncio.run(N.H3RemoteDenoise().denoise(second, cond, 3, 3))["result"][0]
+    assert lat.payload.latents.shape == (1, 24, 37, 4, 4)
+    ray.kill(second.b, no_restart=True)

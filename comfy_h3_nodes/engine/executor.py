@@ -308,8 +308,6 @@ class H3Executor:
 
     def encode_local(self, req) -> Encoded:
         """Encode in this process and put the payload into this node's object store (A's)."""
-        import ray
-
         w0, t0 = time.time(), time.perf_counter()
         payload = self.local_a.encode(req)
         t1 = time.perf_counter()

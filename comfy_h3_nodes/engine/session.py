@@ -86,14 +86,32 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
     key = (address, name, namespace, str(model_path), partition, dtype, attention_backend)
     with _lock:
         ex = _executors.get(key)
-        if ex is None:
-            ex = H3Executor(SideConfig(""), BConfig(str(model_path), partition=partition, dtype=dtype,
-                                                    attention_backend=attention_backend, name=name,
-                                                    namespace=namespace, threads=threads),
-                            a_mode="local", timeouts=timeouts)
-            ex.start()
-            _executors[key] = ex
+        if ex is not None and getattr(ex, "_cluster_started", None) != CLUSTER.started:
+            _drop(key)  # joined a new cluster since: its actor handles are gone
+            ex = None
+        if ex is not None:
+            try:
+                ex.check_health()
+                return ex
+            except Exception:  # noqa: BLE001 - the B actor or its node went away: rebuild once, below
+                _drop(key)
+        ex = H3Executor(SideConfig(""), BConfig(str(model_path), partition=partition, dtype=dtype,
+                                                attention_backend=attention_backend, name=name,
+                                                namespace=namespace, threads=threads),
+                        a_mode="local", timeouts=timeouts)
+        ex.start()
+        ex._cluster_started = CLUSTER.started
+        _executors[key] = ex
         return ex
+
+
+def _drop(key) -> None:
+    ex = _executors.pop(key, None)
+    if ex is not None:
+        try:
+            ex.shutdown(kill_b=False)
+        except Exception:  # noqa: BLE001 - a stale executor may fail to stop cleanly; it is discarded anyway
+            pass
 
 
 def status(timeout: float = 5.0) -> dict:
