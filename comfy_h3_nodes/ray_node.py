@@ -35,7 +35,14 @@ MARKER_ENV = "H3_RAY_NODE"
 DEFAULT_TOKEN_FILE = "~/.ray/auth_token"  # Ray's own default path
 DEFAULT_TEMP = {"a": "/tmp/comfy_h3_ray_a", "b": "/tmp/comfy_h3_ray_b"}
 #: node death noticed in about 2.5 s instead of 15 s (shared/design.md section 7)
-HEAD_SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 2}
+# Node death detection: a refused connection (B's raylet gone) is seen in ~2 s; a silent link (cable, switch) costs
+# period + threshold x timeout, ~9 s with these values instead of ~23 s with Ray's 10 s default timeout. A raylet's
+# health check is answered by the raylet itself, not by the busy DiT, so 4 s leaves a wide margin.
+HEAD_SYSTEM_CONFIG = {
+    "health_check_period_ms": 1000,
+    "health_check_failure_threshold": 2,
+    "health_check_timeout_ms": int(os.environ.get("H3_HEALTH_CHECK_TIMEOUT_MS", "4000")),
+}
 
 
 class NodeError(RuntimeError):

@@ -132,6 +132,7 @@ def test_b_node_lost_then_back(executor, ray_cluster, media):
         fut.result(timeout=120)
     assert time.monotonic() - t0 < 30
     assert "machine B" in str(info.value) and req.request_id in str(info.value)
+    assert "left the Ray cluster" in str(info.value)
     ray_cluster.add_b_node()
     _wait_until(lambda: _b_back(executor), 90, "B actor back on a new B node")
     ok = executor.generate(workflow_request("t2va", media, seed=27)[0])

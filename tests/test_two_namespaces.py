@@ -3,9 +3,11 @@
 A's namespace runs ``cluster start-head`` (token auth), B's runs ``remote_worker setup --allow-cpu`` with the tiny
 checkpoint; a driver in A's namespace finds the named actor and runs a tiny request through it. Then a node and a
 setup with the wrong token are refused, and ``remote_worker stop`` plus ``cluster stop`` leave no process of ours.
+Last, on a second pair of nodes, the veth link goes down while B denoises: the driver's request ends with a clear
+error within a bound (Ray's node health check: about 22 s, see docs/failure_modes.md), and B is ended by pid.
 
 Needs root (``ip netns add``); skipped with the reason otherwise. Separate from the session's embedded cluster: its
-own namespaces, ports, Ray temp dirs and state dirs. Every subprocess is bounded; the module takes about a minute.
+own namespaces, ports, Ray temp dirs and state dirs. Every subprocess is bounded; the module takes about two minutes.
 """
 
 from __future__ import annotations
@@ -65,6 +67,40 @@ ex.shutdown()
 '''
 
 
+# A driver on A starts a long request, prints STEP2 once B reports its third step (the test then cuts the link) and
+# prints how the request ended. It leaves with os._exit: a clean ray.shutdown could wait on the lost node.
+LINK_DRIVER = r"""
+import json, os, sys, time
+addr, tok, ckpt, name = sys.argv[1:5]
+os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": tok, "HF_HUB_OFFLINE": "1"})
+import torch
+torch.set_num_threads(1)
+from comfy_h3_nodes.engine import cluster as cl
+cl.connect(addr, token_file=tok, node_ip=addr.split(":")[0], timeout=60)
+from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+from comfy_h3_nodes.engine.request import H3Request
+ex = H3Executor(SideConfig(ckpt, dtype="float32", threads=1), BConfig(ckpt, dtype="float32", threads=1, name=name),
+                a_mode="local", timeouts=Timeouts(start=60, health=10, encode=60, handoff=60, stall=120, decode=60,
+                                                  poll=0.05))
+ex.start()
+req = H3Request(prompt="a robot dances", height=64, width=64, num_frames=124, steps=200, seed=5)
+seen = [0]
+def on_step(ev):
+    seen[0] = ev.index + 1
+    if ev.index == 2:
+        print("STEP2", req.request_id, time.time(), flush=True)
+fut = ex.submit(req, on_step=on_step)
+try:
+    fut.result(timeout=600)
+    out = {"error": None, "message": ""}
+except BaseException as exc:
+    out = {"error": type(exc).__name__, "message": str(exc),
+           "h3": [c.__name__ for c in type(exc).__mro__ if c.__name__ in ("H3Error", "H3Timeout")]}
+out.update(t_end=time.time(), request_id=req.request_id, steps_seen=seen[0])
+print("RESULT " + json.dumps(out), flush=True)
+os._exit(0)
+"""
+
 def _sh(*cmd, timeout=20, check=True):
     return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=check)
 
@@ -117,13 +153,32 @@ def netns():
         from comfy_h3_nodes import ray_node as rn
 
         if "tmp" in locals():
-            for side in ("ra", "rb", "rbad", "rbad2"):  # whatever a failed test left running
+            for side in ("ra", "rb", "rbad", "rbad2", "ra2", "rb2"):  # whatever a failed test left running
                 rn.stop_node(os.path.join(tmp, side), grace=3)
         for ns in made:
             _sh("ip", "netns", "del", ns, check=False)  # takes the veth pair with it
         _sh("ip", "link", "del", IF_A, check=False)
         if "tmp" in locals():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def start_cluster(tmp: str, ckpt: str, token: str, ra: str, rb: str, port: int):
+    """A's head (``cluster start-head``) and B's DiT node (``remote_worker setup``) in their namespaces."""
+    head_addr = f"{A_IP}:{port}"
+    head = run_in(NS_A, [sys.executable, "-m", "comfy_h3_nodes", "cluster", "start-head", "--iface", IF_A,
+                         "--port", str(port), "--token-file", token, "--object-store-mb", "96",
+                         "--temp-dir", os.path.join(tmp, ra), "--num-cpus", "2", "--json"],
+                  _env(tmp, "a"), timeout=90)
+    assert head.returncode == 0, head.stdout + head.stderr
+    assert json.loads(head.stdout.strip().splitlines()[-1]) == {"address": head_addr, "token_file": token}
+    setup = run_in(NS_B, [sys.executable, "-m", "remote_worker", "setup", "--allow-cpu", "--head", head_addr,
+                          "--model-path", ckpt, "--model-root", os.path.join(tmp, "models"), "--iface", IF_B,
+                          "--token-file", token, "--object-store-mb", "96", "--temp-dir", os.path.join(tmp, rb),
+                          "--dtype", "float32", "--threads", "1", "--num-cpus", "2", "--json"],
+                   _env(tmp, "b"), timeout=150)
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    print(f"[timing] head {head.seconds:.1f} s, setup {setup.seconds:.1f} s:", *[ln for ln in (head.stdout + setup.stdout).splitlines() if " in " in ln and " s" in ln])
+    return head, setup
 
 
 @pytest.fixture(scope="module")
@@ -135,21 +190,9 @@ def cluster(netns):
     ckpt = build_tiny_checkpoint(os.path.join(tmp, "models", "tiny"), seed=0)
     token = os.path.join(tmp, "token")  # start-head generates it
     t0 = time.monotonic()
-    head = run_in(NS_A, [sys.executable, "-m", "comfy_h3_nodes", "cluster", "start-head", "--iface", IF_A,
-                         "--port", str(PORT), "--token-file", token, "--object-store-mb", "96",
-                         "--temp-dir", os.path.join(tmp, "ra"), "--num-cpus", "2", "--json"],
-                  _env(tmp, "a"), timeout=90)
-    assert head.returncode == 0, head.stdout + head.stderr
-    assert json.loads(head.stdout.strip().splitlines()[-1]) == {"address": HEAD, "token_file": token}
+    head, setup = start_cluster(tmp, str(ckpt), token, "ra", "rb", PORT)
     assert oct(os.stat(token).st_mode & 0o777) == "0o600"
     assert f"python -m remote_worker setup --head {HEAD}" in head.stdout
-    setup = run_in(NS_B, [sys.executable, "-m", "remote_worker", "setup", "--allow-cpu", "--head", HEAD,
-                          "--model-path", str(ckpt), "--model-root", os.path.join(tmp, "models"), "--iface", IF_B,
-                          "--token-file", token, "--object-store-mb", "96", "--temp-dir", os.path.join(tmp, "rb"),
-                          "--dtype", "float32", "--threads", "1", "--num-cpus", "2", "--json"],
-                   _env(tmp, "b"), timeout=150)
-    assert setup.returncode == 0, setup.stdout + setup.stderr
-    print(f"[timing] head {head.seconds:.1f} s, setup {setup.seconds:.1f} s:", *[ln for ln in (head.stdout + setup.stdout).splitlines() if " in " in ln and " s" in ln])
     return {"tmp": tmp, "ckpt": str(ckpt), "token": token, "head": head, "setup": setup,
             "start_s": time.monotonic() - t0}
 
@@ -235,3 +278,62 @@ def test_stop_leaves_no_ray_process_of_ours(cluster):
         marker = os.path.join(tmp, side) + "/"
         assert _sh("pgrep", "-f", marker, check=False).stdout.strip() == ""
     assert not os.path.exists(os.path.join(tmp, "state_b", "b_node.json"))
+
+
+def test_link_loss_ends_the_request_with_a_bounded_clear_error(cluster):
+    """Last (it destroys B): the A-B link goes down while B denoises; the driver's request ends within a bound with
+    an error naming machine B and the request. Runs on a second pair of nodes (the test above stopped the first)."""
+    import queue
+    import threading
+
+    from comfy_h3_nodes import ray_node as rn
+
+    tmp, port = cluster["tmp"], PORT + 1
+    start_cluster(tmp, cluster["ckpt"], cluster["token"], "ra2", "rb2", port)
+    script = os.path.join(tmp, "link_driver.py")
+    with open(script, "w") as f:
+        f.write(LINK_DRIVER)
+    errlog = open(os.path.join(tmp, "link_driver.err"), "w")
+    driver = subprocess.Popen(["ip", "netns", "exec", NS_A, sys.executable, script, f"{A_IP}:{port}",
+                               cluster["token"], cluster["ckpt"], "h3_dit"], stdout=subprocess.PIPE,
+                              stderr=errlog, text=True, env=_env(tmp, "a"), cwd=REPO)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in driver.stdout], daemon=True).start()
+
+    def next_line(prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                ln = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if ln.startswith(prefix):
+                return ln.strip()
+        with open(errlog.name) as f:
+            err = f.read()[-3000:]
+        pytest.fail(f"no {prefix!r} line from the driver within {timeout:.0f} s (exit {driver.poll()}): {err}")
+
+    try:
+        _, rid, _ = next_line("STEP2 ", 120).split()  # B is denoising the request
+        _sh("ip", "-n", NS_B, "link", "set", IF_B, "down")  # the cable is pulled: A's end loses its carrier too
+        t_cut = time.time()
+        res = json.loads(next_line("RESULT ", 120)[len("RESULT "):])
+        elapsed = res["t_end"] - t_cut
+        print(f"[timing] link cut after step {res['steps_seen']} of 200; the request ended {elapsed:.1f} s later "
+              f"with {res['error']}: {res['message']}")
+        assert res["error"] in ("H3Error", "H3Timeout") and res["h3"], res
+        assert res["request_id"] == rid and rid in res["message"], res
+        assert f"machine B ({B_IP}) left the Ray cluster during denoise of request {rid}" in res["message"], res
+        assert "network link" in res["message"], res
+        assert res["steps_seen"] < 200, res  # the link went down while B denoised
+        assert elapsed < 45, res
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        driver.wait(timeout=30)
+        errlog.close()
+    # a B whose link is down is ended by pid like any other node; nothing of ours is left in either namespace
+    for side in ("rb2", "ra2"):
+        rn.stop_node(os.path.join(tmp, side), grace=3)
+    assert ns_pids(NS_B) == [] and ns_pids(NS_A) == [], _sh("ps", "-o", "pid,args", "-p",
+                                                            ",".join(ns_pids(NS_A) + ns_pids(NS_B))).stdout

@@ -392,6 +392,9 @@ class H3Executor:
             err = _remote_error("B", "denoise", rid, exc)
             if rid in self._cancelled:
                 raise H3Cancelled(f"request {rid} was cancelled; B stopped it between two steps.") from None
+            if isinstance(exc, (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)) and \
+                    await self._b_node_gone():
+                err = _node_lost_error("B", self.topology.b.ip if self.topology else "?", "denoise", rid)
             raise err from None
         except BaseException:
             # the latents ref carries the same error; read it when it lands so Ray does not log it as unhandled
@@ -408,6 +411,15 @@ class H3Executor:
                 on_step(StepEvent(rid, i, len(records[1].steps), sec))
         self.timings.add(records)
         return Denoised(rid, enc.workflow, latents_ref, records)
+
+    async def _b_node_gone(self) -> bool:
+        """No alive Ray node offers role B any more: the head's health checks lost machine B (down, its raylet
+        killed, or the link cut), as opposed to only B's actor process dying. Asks the GCS on A, bounded."""
+        try:
+            nodes = await asyncio.wait_for(asyncio.to_thread(cl.list_nodes), self.timeouts.health)
+        except Exception:  # the GCS did not answer either: keep the actor's own error
+            return False
+        return not any(n.alive and cl.ROLE_B in n.roles for n in nodes)
 
     async def _decode(self, den: Denoised) -> tuple[DecodedMedia, list[StageRecord]]:
         import ray
@@ -510,6 +522,15 @@ class H3Executor:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _node_lost_error(machine: str, ip: str, stage: str, rid: str) -> H3Error:
+    return H3Error(
+        f"machine {machine} ({ip}) left the Ray cluster during {stage} of request {rid}: its node stopped answering "
+        f"the head's health checks (machine {machine} down, its Ray node stopped, or the network link between A and "
+        f"{machine} lost). Once {machine}'s node is back (`python -m remote_worker setup` on {machine}, or its "
+        "service) the DiT actor is recreated there: run the request again."
+    )
 
 
 def _remote_error(machine: str, stage: str, rid: str, exc: BaseException) -> H3Error:
