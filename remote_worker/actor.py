@@ -75,7 +75,7 @@ class DiTActorImpl(common.ResidentActorMixin):
             def on_step(rec):
                 progress["steps"].append((rec.index, rec.total, rec.seconds))
 
-            result = self.side.denoise(payload, on_step=on_step,
+            result = self.side.denoise(payload, on_step=on_step, validated=True,
                                        should_cancel=lambda: request_id in self._cancelled)
             synthetic = common.synthetic_delay(self.config, "denoise")
             notes = [result.schedule_note(payload.adapters)]

@@ -194,8 +194,11 @@ class BSide:
 
     # ------------------------------------------------------------------------------------------------ denoise
     def denoise(self, payload: wire.EncodedRequest, on_step: Callable[[StepRecord], None] | None = None,
-                should_cancel: Callable[[], bool] | None = None) -> DenoiseResult:
-        payload.validate(text_dim=self.text_dim)
+                should_cancel: Callable[[], bool] | None = None, validated: bool = False) -> DenoiseResult:
+        """Denoise one request; ``validated=True`` when the caller already ran ``payload.validate(text_dim=...)``
+        (the actor does, to time it apart from the transfer)."""
+        if not validated:
+            payload.validate(text_dim=self.text_dim)
         with self._lock:
             swap_s = 0.0
             needed = split.PARTITION_OF[payload.workflow]

@@ -2,7 +2,7 @@
 
 Timing goals are reported by the benches, never asserted here (2 shared CPU cores). What is asserted are facts that
 do not depend on speed: payload sizes, zero-copy arrival, a warm request loading nothing, the JSON shape. The
-NaN/inf check and the once-per-object validation that the hand-off work introduced are tested at the end.
+NaN/inf check that the hand-off work introduced is tested at the end.
 """
 
 from __future__ import annotations
@@ -133,21 +133,12 @@ def _t2va(**kw):
     return bench.build_payload(spec)  # validated once already (text_dim 5120)
 
 
-def test_validation_runs_once_per_object_and_again_for_every_copy(monkeypatch):
+def test_a_copied_payload_is_validated_like_the_original():
     payload = _t2va()
-    calls = []
-    real = wire._check_common
-    monkeypatch.setattr(wire, "_check_common", lambda *a: (calls.append(1), real(*a))[1])
     payload.validate(text_dim=5120)
-    assert calls == []  # the same object with the same bounds: already checked
-    payload.validate()  # other bounds: checked again
-    assert len(calls) == 1
     with pytest.raises(wire.WireError, match="expected \\(1, \\*, 32\\)"):
         payload.validate(text_dim=32)
-    copy = pickle.loads(pickle.dumps(payload))  # what crossed the wire is a new object: always validated
-    copy.validate(text_dim=5120)
-    assert len(calls) == 3
-    bad = pickle.loads(pickle.dumps(payload))
+    bad = pickle.loads(pickle.dumps(payload))  # what crossed the wire
     data = bad.prompt_embeds.data
     data[0, 0, 0] = 0x7FC0  # a bf16 NaN word
     with pytest.raises(wire.WireError, match="NaN or inf"):

@@ -110,3 +110,16 @@ def test_b_swaps_partition_and_records_it(tiny_ckpt, media):
     fixed = BSide(tiny_ckpt, dtype="float32", partition="transformer", allow_swap=False)
     with pytest.raises(RuntimeError, match="--partition transformer_ref"):
         fixed.denoise(a.encode(workflow_request("ref2va", media)[0]))
+
+
+def test_receivers_validate_once(sides, media, monkeypatch):
+    """The actors validate a received payload (timed apart from the transfer) and tell the side not to repeat it."""
+    a, b = sides
+    enc = a.encode(workflow_request("t2va", media)[0])
+    calls = []
+    real = wire.EncodedRequest.validate
+    monkeypatch.setattr(wire.EncodedRequest, "validate", lambda self, *x, **k: (calls.append(1), real(self, *x, **k))[1])
+    b.denoise(enc, validated=True)
+    assert calls == []
+    b.denoise(enc)
+    assert calls == [1]

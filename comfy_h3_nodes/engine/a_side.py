@@ -120,17 +120,19 @@ class ASide:
         return payload.validate()
 
     # ------------------------------------------------------------------------------------------------ decode
-    def decode_raw(self, latents: wire.DenoisedLatents, output_type: str = "np") -> dict:
-        """diffusers' decode outputs (``videos``, ``audio``, ``sampling_rate``) for validated latents."""
-        latents.validate()
+    def decode_raw(self, latents: wire.DenoisedLatents, output_type: str = "np", validated: bool = False) -> dict:
+        """diffusers' decode outputs (``videos``, ``audio``, ``sampling_rate``); ``validated=True`` when the
+        receiver already validated ``latents`` (it times that apart from the transfer)."""
+        if not validated:
+            latents.validate()
         pipe = self._pipe(latents.workflow, "decode")
         with maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
             return pipe(latents=latents.latents.to_torch(), audio_latents=latents.audio_latents.to_torch(),
                         output_type=output_type, output=["videos", "audio", "sampling_rate"])
 
-    def decode(self, latents: wire.DenoisedLatents) -> DecodedMedia:
+    def decode(self, latents: wire.DenoisedLatents, validated: bool = False) -> DecodedMedia:
         t0 = time.perf_counter()
-        out = self.decode_raw(latents, "np")
+        out = self.decode_raw(latents, "np", validated)
         frames = np.asarray(out["videos"][0], dtype=np.float32)
         audio = out["audio"]
         audio = audio.detach().float().cpu().numpy() if hasattr(audio, "detach") else np.asarray(audio)

@@ -57,7 +57,7 @@ class EncoderActorImpl(common.ResidentActorMixin):
         b_to_a = StageRecord(request_id, "b_to_a", "A", self.node_ip, w0, w1, producer_wait_s=wait_s, fetch_s=fetch_s,
                              materialize_s=mat_s, validate_s=validate_s, bytes=latents.field_bytes())
         t0 = time.perf_counter()
-        media = self.side.decode(latents)
+        media = self.side.decode(latents, validated=True)
         synthetic = common.synthetic_delay(self.config, "decode")
         dec = StageRecord(request_id, "decode", "A", self.node_ip, w1, time.time(),
                           compute_s=time.perf_counter() - t0,

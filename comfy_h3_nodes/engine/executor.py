@@ -342,7 +342,7 @@ class H3Executor:
         import ray
 
         w0, t0 = time.time(), time.perf_counter()
-        media = self.local_a.decode(latents)
+        media = self.local_a.decode(latents, validated=True)  # receive_local validated it
         rec = StageRecord(request_id, "decode", "A", ray.util.get_node_ip_address(), w0, time.time(),
                           compute_s=time.perf_counter() - t0,
                           bytes={"frames": int(media.frames.nbytes), "audio": int(media.audio.nbytes)})

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,27 +145,6 @@ def _all_finite(dtype: str, data: np.ndarray) -> bool:
     return True
 
 
-# Payloads this process already validated, by id (with a weak reference, so a reused id never matches): the
-# receiving actor validates, then the side it calls validates the same object again; the second check is free.
-# A copy that crossed the wire is a new object and is always validated.
-_VALIDATED: dict[int, tuple] = {}
-
-
-def _already_validated(payload, key: tuple) -> bool:
-    hit = _VALIDATED.get(id(payload))
-    return hit is not None and hit[0]() is payload and hit[1] == key
-
-
-def _mark_validated(payload, key: tuple) -> None:
-    pid = id(payload)
-
-    def _forget(ref, pid=pid):
-        if _VALIDATED.get(pid, (None,))[0] is ref:
-            _VALIDATED.pop(pid, None)
-
-    _VALIDATED[pid] = (weakref.ref(payload, _forget), key)
-
-
 @dataclass(frozen=True)
 class ReferenceMeta:
     """All B reads of a normalised ref2va reference: its kind and whether it brings a soundtrack."""
@@ -218,8 +196,6 @@ class EncodedRequest:
 
     def validate(self, text_dim: int | None = None, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> "EncodedRequest":
         """Check everything B relies on; ``text_dim`` is B's transformer ``text_dim`` when known."""
-        if _already_validated(self, (text_dim, max_bytes)):
-            return self
         _check_version(self, "A->B")
         _check_common(self, max_bytes)
         if not isinstance(self.num_inference_steps, int) or self.num_inference_steps < 1:
@@ -273,7 +249,6 @@ class EncodedRequest:
                 t.check(f"condition_latents[{i}]", ("float32",), (1, VIDEO_LATENT_CHANNELS, None, None, None))
             for i, t in enumerate(self.audio_condition_latents):
                 t.check(f"audio_condition_latents[{i}]", ("float32",), (None, AUDIO_LATENT_CHANNELS))
-        _mark_validated(self, (text_dim, max_bytes))
         return self
 
     def pipeline_inputs(self) -> dict[str, Any]:
@@ -320,8 +295,6 @@ class DenoisedLatents:
         return sum(self.field_bytes().values())
 
     def validate(self, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> "DenoisedLatents":
-        if _already_validated(self, (max_bytes,)):
-            return self
         _check_version(self, "B->A")
         _check_common(self, max_bytes)
         lat_f = video_latent_frames(self.num_frames)
@@ -332,7 +305,6 @@ class DenoisedLatents:
         self.audio_latents.check(
             "audio_latents", ("float32",), (AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, audio_latent_frames(self.num_frames))
         )
-        _mark_validated(self, (max_bytes,))
         return self
 
 
