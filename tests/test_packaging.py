@@ -1,0 +1,58 @@
+"""The pack's install surface: requirements for ComfyUI-Manager, install.py, pyproject's [tool.comfy]."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _install_module():
+    spec = importlib.util.spec_from_file_location("h3_install", ROOT / "install.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_requirements_never_name_torch_and_match_pyproject():
+    reqs = _install_module().requirements()
+    assert reqs and not any(r.lower().startswith(("torch", "torchvision", "torchaudio")) for r in reqs)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert sorted(project["dependencies"]) == sorted(reqs)
+
+
+def test_install_py_filters_torch_even_if_listed(tmp_path, monkeypatch):
+    mod = _install_module()
+    fake = tmp_path / "requirements.txt"
+    fake.write_text("diffusers>=0.42.1\ntorch==2.13.0  # never\ntorchaudio\nray[default]>=2.60,<2.61\n")
+    monkeypatch.setattr(mod, "HERE", tmp_path)
+    assert mod.requirements() == ["diffusers>=0.42.1", "ray[default]>=2.60,<2.61"]
+
+
+def test_install_py_runs_pip_with_this_python(tmp_path):
+    """install.py calls pip of the interpreter running it (the call is intercepted here: nothing is installed)."""
+    code = ("import json, runpy, subprocess\n"
+            "subprocess.call = lambda args: print('CALL', json.dumps(args)) or 0\n"
+            f"runpy.run_path(r'{ROOT / 'install.py'}', run_name='__main__')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    call = json.loads(next(l for l in out.stdout.splitlines() if l.startswith("CALL "))[5:])
+    assert call[:4] == [sys.executable, "-m", "pip", "install"]
+    assert "diffusers>=0.42.1" in call and not any(a.startswith("torch") for a in call)
+
+
+def test_comfy_registry_metadata_and_pack_layout():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    comfy = meta["tool"]["comfy"]
+    assert comfy["PublisherId"] and comfy["DisplayName"]
+    assert meta["project"]["name"] and meta["project"]["version"] and meta["project"]["urls"]["Repository"]
+    assert 'WEB_DIRECTORY = "./web"' in (ROOT / "__init__.py").read_text()
+    assert {p.stem for p in (ROOT / "example_workflows").glob("*.json")} >= {"h3_t2va", "h3_fl2va", "h3_ref2va",
+                                                                             "h3_t2va_turbo"}
+    assert (ROOT / "web" / "h3_extension.js").is_file()
