@@ -27,6 +27,7 @@ SCHEDULERS = ("scheduler", "audio_scheduler")
 MODEL_INDEX = "modular_model_index.json"
 
 DTYPES = ("float32", "bfloat16", "float16")
+MODEL_COMPONENTS = ("text_encoder", "vae", "audio_vae", "transformer", "transformer_ref")
 
 
 class ModelFolderError(ValueError):
@@ -122,8 +123,13 @@ def load_checked(model_dir: pathlib.Path, names: tuple[str, ...], dtype: str, de
     records = []
     for name in names:
         t0 = time.perf_counter()
+        kwargs = {"dtype": torch_dtype(dtype)}
+        if name in MODEL_COMPONENTS:
+            # straight onto the device: on a Spark's unified memory a CPU copy first would double the peak
+            # (62 GB text encoder, 62 GB transformer partition) and can freeze the machine
+            kwargs["device_map"] = device
         try:
-            host.load_components(names=[name], dtype=torch_dtype(dtype))
+            host.load_components(names=[name], **kwargs)
         except Exception as exc:  # noqa: BLE001 - re-raised with the folder and component named
             raise ModelFolderError(f"component {name!r} in {model_dir} failed to load: {exc}") from exc
         comp = getattr(host, name, None)
