@@ -246,7 +246,7 @@ class H3RemoteDiT:
                           note=f"A {ex.topology.a.ip} · B {b['node_ip']} ({b['device']}, {b['partition']})")
         ui = report("H3RemoteDiT", unique_id, [rec], "connect",
                     extra={"a_node": ex.topology.a.ip, "b_node": b["node_ip"], "b_device": b["device"],
-                           "partition": b["partition"]})
+                           "partition": b["partition"], "clock_b_minus_a_s": health["clock"]["b_minus_a_s"]})
         _host().progress_text(rec.note, unique_id)
         return {"ui": ui, "result": (ex,)}
 

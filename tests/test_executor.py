@@ -256,3 +256,11 @@ def test_profiling_env_reaches_both_actors(ray_cluster, tiny_ckpt, tmp_path, med
     assert json.loads(trace.read_text())["traceEvents"]
     assert (tmp_path / f"encode_{res.request_id}.json").is_file()
     assert (tmp_path / f"decode_{res.request_id}.json").is_file()
+
+
+def test_b_records_carry_the_measured_clock_offset(executor, media):
+    clock = executor.check_health()["clock"]
+    assert clock["rtt_s"] > 0 and abs(clock["b_minus_a_s"]) < clock["rtt_s"] + 0.05  # one machine, one clock
+    res = executor.generate(workflow_request("t2va", media)[0])
+    for r in res.records:
+        assert r.clock_offset_s == (executor.clock_offset_s if r.machine == "B" else 0.0)

@@ -159,8 +159,10 @@ export function normalizeRecord(r) {
     stage: r.stage,
     machine: r.machine === "A" || r.machine === "B" ? r.machine : defaultMachine(r.stage),
     node: r.node === null || r.node === undefined ? "" : String(r.node),
-    start: num(r.start),
-    end: num(r.end),
+    // times on A's clock: a B record carries its clock's estimated offset from A's (clock_offset_s = B - A)
+    start: shiftClock(num(r.start), r.clock_offset_s),
+    end: shiftClock(num(r.end), r.clock_offset_s),
+    clock_offset_s: num(r.clock_offset_s) ?? 0,
     producer_wait_s: num(r.producer_wait_s) ?? 0,
     fetch_s,
     materialize_s,
@@ -174,6 +176,11 @@ export function normalizeRecord(r) {
     note: r.note === null || r.note === undefined ? "" : String(r.note),
     receive_s: fetch_s + materialize_s,
   };
+}
+
+function shiftClock(t, offset) {
+  const o = num(offset);
+  return t === null || o === null ? t : t - o;
 }
 
 export function recordKey(r) {

@@ -136,6 +136,9 @@ class ResidentActorMixin:
     def ping(self) -> str:
         return self.node_ip
 
+    def clock(self) -> float:
+        return time.time()
+
 
 def base_health(role: str, side, started: float) -> dict:
     import ray

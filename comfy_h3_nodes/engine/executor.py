@@ -153,6 +153,7 @@ class H3Executor:
         self.a_name = a_name
         self.a_mode = a_mode
         self.local_a = local_a
+        self.clock_offset_s = 0.0  # B's clock minus this machine's, measured at every health check
         self.a_max_restarts = -1  # a killed A actor comes back (reloading its models); requests in flight fail
         self._local_started = time.time()
         self.a = self.b = None
@@ -206,6 +207,19 @@ class H3Executor:
         health = self.check_health()
         self._check_b_config(health["B"])
         return self
+
+    def _measure_clock(self, bound: float, rounds: int = 3) -> tuple[float, float]:
+        """B's clock minus this machine's, from the round trip with the smallest delay (NTP's estimate)."""
+        import ray
+
+        best = None
+        for _ in range(rounds):
+            t0 = time.time()
+            tb = ray.get(self.b.clock.remote(), timeout=bound)
+            t1 = time.time()
+            if best is None or t1 - t0 < best[1]:
+                best = (tb - (t0 + t1) / 2, t1 - t0)
+        return best
 
     def _check_b_config(self, b: dict) -> None:
         """A named B actor found running must serve the model and dtype this caller asked for."""
@@ -270,6 +284,8 @@ class H3Executor:
                 raise H3Timeout(f"machine {role} did not answer a health check within {bound:.0f} s.") from exc
             except ray.exceptions.RayError as exc:
                 raise H3Error(f"machine {role} failed its health check: {_first_line(unwrap_ray_error(exc))}") from exc
+        self.clock_offset_s, rtt = self._measure_clock(bound)
+        out["clock"] = {"b_minus_a_s": self.clock_offset_s, "rtt_s": rtt}
         va, vb = (out["A"] if "A" in out else {"versions": common.versions()})["versions"], out["B"]["versions"]
         diff = {k: (va.get(k), vb.get(k)) for k in set(va) | set(vb) if va.get(k) != vb.get(k)}
         if diff:
@@ -388,6 +404,7 @@ class H3Executor:
             records = list(fut.result())
             # the A->B record is B's (receiver's clock); the put into A's object store happened on A
             records[0] = dataclasses.replace(records[0], serialize_s=enc.record.serialize_s)
+            records = [dataclasses.replace(r, clock_offset_s=self.clock_offset_s) for r in records]
         except ray.exceptions.RayError as exc:
             err = _remote_error("B", "denoise", rid, exc)
             if rid in self._cancelled:

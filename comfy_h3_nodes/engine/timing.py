@@ -4,9 +4,10 @@ A stage is one of ``encode`` (A), ``a_to_b`` (B receiving A's payload), ``denois
 B's latents) and ``decode`` (A). A transfer record splits its time into ``producer_wait_s`` (the producer had not
 finished yet), ``fetch_s`` (bytes moving into the receiver's object store) and ``materialize_s`` (turning the
 received buffers into tensors). Records carry the request id, the machine role and node, wall-clock start/end
-(``time.time()``) on the receiver's clock, payload bytes per field and, for denoise, the per-step times.
+(``time.time()``) on the receiver's clock, payload bytes per field and, for denoise, the per-step times. Records
+measured on B carry ``clock_offset_s`` (B's clock minus A's, estimated by the executor from a round trip), so a
+timeline can put both machines on A's time axis.
 """
-
 from __future__ import annotations
 
 import csv
@@ -18,7 +19,8 @@ from typing import Iterable
 
 STAGES = ("encode", "a_to_b", "denoise", "b_to_a", "decode")
 CSV_FIELDS = ("request_id", "stage", "machine", "node", "start", "end", "producer_wait_s", "fetch_s",
-              "materialize_s", "validate_s", "serialize_s", "compute_s", "bytes", "steps", "load_s", "note")
+              "materialize_s", "validate_s", "serialize_s", "compute_s", "bytes", "steps", "load_s", "note",
+              "clock_offset_s")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class StageRecord:
     steps: tuple = ()
     load_s: float = 0.0
     note: str = ""
+    clock_offset_s: float = 0.0  # the measuring machine's clock minus A's (estimated); 0 on A
 
     @property
     def total_bytes(self) -> int:

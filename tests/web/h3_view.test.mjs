@@ -294,3 +294,13 @@ test("the denoise readout shows the effective schedule B ran", async () => {
   const text = readoutText(readoutModel(store, "5"));
   assert.match(text, /shift 5 \(video\)/);
 });
+
+test("records measured on B are put on A's clock with their offset", async () => {
+  const { normalizeRecord } = await import("../../web/h3_view.js");
+  const r = normalizeRecord({ request_id: "r", stage: "denoise", machine: "B", start: 100.5, end: 101.5,
+                              clock_offset_s: 0.25 });
+  assert.equal(r.start, 100.25);
+  assert.equal(r.end, 101.25);
+  const a = normalizeRecord({ request_id: "r", stage: "encode", machine: "A", start: 100, end: 100.5 });
+  assert.equal(a.start, 100);
+});
