@@ -23,6 +23,8 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
+import ray
+
 from . import actor_common as common
 from . import cluster as cl
 from .a_side import ASide, DecodedMedia
@@ -154,6 +156,7 @@ class H3Executor:
         self.a_mode = a_mode
         self.local_a = local_a
         self.clock_offset_s = 0.0  # B's clock minus this machine's, measured at every health check
+        self.last_health: dict | None = None
         self.a_max_restarts = -1  # a killed A actor comes back (reloading its models); requests in flight fail
         self._local_started = time.time()
         self.a = self.b = None
@@ -174,8 +177,6 @@ class H3Executor:
 
     def start(self) -> "H3Executor":
         """Validate topology, place (or find) both actors, verify where they run and that they match."""
-        import ray
-
         from remote_worker.actor import dit_actor_class
 
         from .actors import encoder_actor_class
@@ -210,8 +211,6 @@ class H3Executor:
 
     def _measure_clock(self, bound: float, rounds: int = 3) -> tuple[float, float]:
         """B's clock minus this machine's, from the round trip with the smallest delay (NTP's estimate)."""
-        import ray
-
         best = None
         for _ in range(rounds):
             t0 = time.time()
@@ -237,8 +236,6 @@ class H3Executor:
 
     def attach_b(self, name: str, namespace: str = cl.NAMESPACE):
         """Use an already running, named B actor (started by ``remote_worker setup`` or another driver)."""
-        import ray
-
         try:
             self.b = ray.get_actor(name, namespace=namespace)
         except ValueError as exc:
@@ -249,8 +246,6 @@ class H3Executor:
         return self.b
 
     def _verify_placement(self) -> None:
-        import ray
-
         pairs = [("B", self.b, self.topology.b)]
         if self.a is not None:
             pairs.insert(0, ("A", self.a, self.topology.a))
@@ -271,8 +266,6 @@ class H3Executor:
     # ------------------------------------------------------------------------------------------------ health
     def check_health(self, timeout: float | None = None) -> dict:
         """Both actors answer within the health bound, and their versions agree (wire schema included)."""
-        import ray
-
         bound = timeout or self.timeouts.health
         out = {}
         if self.a_mode == "local" and self.local_a is not None:
@@ -292,19 +285,16 @@ class H3Executor:
             desc = ", ".join(f"{k} A={a} B={b}" for k, (a, b) in sorted(diff.items()))
             raise H3Error(f"A and B run different versions ({desc}); install the same versions on both machines.")
         out["topology"] = self.topology.to_dict() if self.topology else None
+        self.last_health = out
         return out
 
     def load_records(self) -> dict[str, list]:
-        import ray
-
         a = (list(self.local_a.load_records) if self.a_mode == "local"
              else ray.get(self.a.load_records.remote(), timeout=self.timeouts.health))
         return {"A": a, "B": ray.get(self.b.load_records.remote(), timeout=self.timeouts.health)}
 
     # ------------------------------------------------------------------------------------------------ stages
     async def _encode(self, request: H3Request) -> Encoded:
-        import ray
-
         req = validate_request(request)  # clear errors before anything is sent
         rid = req.request_id
         if self.a_mode == "local":
@@ -330,8 +320,6 @@ class H3Executor:
         return self.put_payload(payload, w0, t1 - t0)
 
     def put_payload(self, payload, started: float, compute_s: float) -> Encoded:
-        import ray
-
         t1 = time.perf_counter()
         ref = ray.put(payload)
         rec = StageRecord(payload.request_id, "encode", "A", ray.util.get_node_ip_address(), started, time.time(),
@@ -340,8 +328,6 @@ class H3Executor:
 
     def receive_local(self, den: "Denoised"):
         """A (this process) receives B's latents: bounded wait, fetch, validate, materialise; timed here."""
-        import ray
-
         w0 = time.time()
         latents, wait_s, fetch_s = common.receive(den.latents_ref, self.timeouts.handoff, "A", "B->A",
                                                   den.request_id)
@@ -355,8 +341,6 @@ class H3Executor:
         return latents, rec
 
     def decode_local(self, latents, request_id: str):
-        import ray
-
         w0, t0 = time.time(), time.perf_counter()
         media = self.local_a.decode(latents, validated=True)  # receive_local validated it
         rec = StageRecord(request_id, "decode", "A", ray.util.get_node_ip_address(), w0, time.time(),
@@ -365,8 +349,6 @@ class H3Executor:
         return media, rec
 
     async def _denoise(self, enc: Encoded, on_step: Callable[[StepEvent], None] | None = None) -> Denoised:
-        import ray
-
         rid = enc.request_id
         if rid in self._cancelled:
             raise H3Cancelled(f"request {rid} was cancelled before B started it.")
@@ -439,8 +421,6 @@ class H3Executor:
         return not any(n.alive and cl.ROLE_B in n.roles for n in nodes)
 
     async def _decode(self, den: Denoised) -> tuple[DecodedMedia, list[StageRecord]]:
-        import ray
-
         rid = den.request_id
         if self.a_mode == "local":
             latents, b_to_a = await asyncio.to_thread(self.receive_local, den)
@@ -523,8 +503,6 @@ class H3Executor:
             self.b.cancel.remote(request_id)
 
     def shutdown(self, kill_b: bool = False) -> None:
-        import ray
-
         if ray.is_initialized():
             if self.a is not None:
                 ray.kill(self.a)
@@ -551,8 +529,6 @@ def _node_lost_error(machine: str, ip: str, stage: str, rid: str) -> H3Error:
 
 
 def _remote_error(machine: str, stage: str, rid: str, exc: BaseException) -> H3Error:
-    import ray
-
     inner = unwrap_ray_error(exc)
     if type(inner).__name__ == "DenoiseCancelled":
         return H3Cancelled(str(inner))
