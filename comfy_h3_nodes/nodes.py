@@ -240,7 +240,7 @@ class H3RemoteDiT:
         t0, w0 = time.perf_counter(), time.time()
         ex = session.dit(cluster_address.strip(), actor_name.strip(), namespace.strip(), model_path, partition,
                          dtype, attention_backend)
-        health = ex.check_health()
+        health = ex.last_health  # session.dit has just checked it (on start, or on reuse)
         b = health["B"]
         rec = StageRecord("", "connect", "B", b["node_ip"], w0, time.time(), compute_s=time.perf_counter() - t0,
                           note=f"A {ex.topology.a.ip} · B {b['node_ip']} ({b['device']}, {b['partition']})")
