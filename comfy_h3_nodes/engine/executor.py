@@ -37,6 +37,10 @@ log = logging.getLogger("comfy_h3.executor")
 PACK_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+#: seconds to let the head judge B's node after B's actor became unavailable (node death shows ~1 s later)
+NODE_SETTLE_S = 4.0
+
+
 class H3Error(RuntimeError):
     """A failure of the distributed run; the message names the machine, the stage and the request."""
 
@@ -391,8 +395,10 @@ class H3Executor:
             err = _remote_error("B", "denoise", rid, exc)
             if rid in self._cancelled:
                 raise H3Cancelled(f"request {rid} was cancelled; B stopped it between two steps.") from None
+            # "unavailable" comes before the head has judged B's node (~1.5 s vs ~2.5 s): give it a moment
+            settle = NODE_SETTLE_S if isinstance(exc, ray.exceptions.ActorUnavailableError) else 0.0
             if isinstance(exc, (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)) and \
-                    await self._b_node_gone():
+                    await self._b_node_gone(settle):
                 err = _node_lost_error("B", self.topology.b.ip if self.topology else "?", "denoise", rid)
             raise err from None
         except BaseException:
@@ -411,14 +417,21 @@ class H3Executor:
         self.timings.add(records)
         return Denoised(rid, enc.workflow, latents_ref, records)
 
-    async def _b_node_gone(self) -> bool:
+    async def _b_node_gone(self, settle: float = 0.0) -> bool:
         """No alive Ray node offers role B any more: the head's health checks lost machine B (down, its raylet
-        killed, or the link cut), as opposed to only B's actor process dying. Asks the GCS on A, bounded."""
-        try:
-            nodes = await asyncio.wait_for(asyncio.to_thread(cl.list_nodes), self.timeouts.health)
-        except Exception:  # the GCS did not answer either: keep the actor's own error
-            return False
-        return not any(n.alive and cl.ROLE_B in n.roles for n in nodes)
+        killed, or the link cut), as opposed to only B's actor process dying. Asks the GCS on A, for up to
+        ``settle`` seconds while B's node still counts as alive; every call bounded."""
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                nodes = await asyncio.wait_for(asyncio.to_thread(cl.list_nodes), self.timeouts.health)
+            except Exception:  # the GCS did not answer either: keep the actor's own error
+                return False
+            if not any(n.alive and cl.ROLE_B in n.roles for n in nodes):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.25)
 
     async def _decode(self, den: Denoised) -> tuple[DecodedMedia, list[StageRecord]]:
         rid = den.request_id
