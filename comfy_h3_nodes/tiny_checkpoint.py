@@ -13,6 +13,17 @@ Layout written (what `ModularPipeline.from_pretrained(OUT_DIR)` reads)::
     transformer/  transformer_ref/  vae/  audio_vae/  text_encoder/
     tokenizer/  processor/  scheduler/  audio_scheduler/
 
+plus the same two random transformers in the formats users hold (shared/design.md section 8), so tests load each
+format through the code a user's file goes through::
+
+    single_file/transformer.safetensors  single_file/transformer_ref.safetensors   published layout (``blocks.N``,
+        stacked ``attn.qkv_proj``, ``mlp.fc1`` = [gate; value]); bf16 except the modules the release keeps fp32
+    gguf/transformer-Q8_0.gguf  gguf/transformer_ref-Q8_0.gguf   the same names, Q8_0 where a row is a multiple of 32
+
+No K-quant of this transformer is written: its widest row is 96 values and a K-quant block holds 256, so a Q4_K/Q6_K
+file of it would hold no K-quantized tensor at all. ``write_gguf(model, path, "Q6_K")`` (with ``quantize_q6_k``,
+checked against gguf's own dequantizer; gguf-py 0.19 only dequantizes K-quants) writes one for a wider transformer.
+
 The same seed gives byte-identical files, whatever the output folder: the index names the
 components by a fixed placeholder repo id (`TINY_REPO_ID`), and diffusers loads every component
 whose files are present in the local folder from that folder instead.
@@ -304,10 +315,11 @@ def _write_index(out_dir: Path, components: dict) -> None:
     pipe.save_config(save_directory=str(out_dir))
 
 
-def build_tiny_checkpoint(out_dir, seed: int = 0) -> Path:
+def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True) -> Path:
     """Write the tiny random checkpoint into `out_dir` (created; existing component folders are replaced).
 
     Returns the checkpoint folder as a `Path`. Deterministic: the same `seed` writes byte-identical files.
+    ``formats`` also writes ``single_file/`` and ``gguf/`` (the same transformers in the other formats).
     """
     import torch
     from diffusers import MiniMaxH3Scheduler
@@ -316,7 +328,7 @@ def build_tiny_checkpoint(out_dir, seed: int = 0) -> Path:
     ensure_processor_compat()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in COMPONENT_NAMES:
+    for name in (*COMPONENT_NAMES, "single_file", "gguf"):
         shutil.rmtree(out_dir / name, ignore_errors=True)
 
     with torch.no_grad():
@@ -365,11 +377,121 @@ def build_tiny_checkpoint(out_dir, seed: int = 0) -> Path:
             "audio_scheduler": audio_scheduler,
         },
     )
+    if formats:
+        for name, model in (("transformer", transformer), ("transformer_ref", transformer_ref)):
+            write_single_file(model, out_dir / "single_file" / f"{name}.safetensors")
+            write_gguf(model, out_dir / "gguf" / f"{name}-Q8_0.gguf", "Q8_0")
     return out_dir
 
 
+# --------------------------------------------------------------------------------------------------
+# Other formats of the same transformer
+# --------------------------------------------------------------------------------------------------
+
+
+def published_state_dict(model) -> dict:
+    """The transformer's weights in the published single-file layout (the inverse of diffusers' single-file
+    converter): ``to_q/to_k/to_v`` stacked into ``attn.qkv_proj``, ``ff.net.0.proj`` stored as [gate; value], names
+    as published. Values are unchanged (fp32 for the tiny model)."""
+    import torch
+
+    from .engine import formats
+
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    out = {}
+    for name in sorted(state):
+        value = state[name]
+        if name.endswith(".attn.to_q.weight"):
+            base = name[: -len(".attn.to_q.weight")]
+            qkv = torch.cat([state[f"{base}.attn.to_{p}.weight"] for p in "qkv"], dim=0)
+            out[formats.diffusers_to_published_name(base) + formats.QKV] = qkv
+            continue
+        if name.endswith((".attn.to_k.weight", ".attn.to_v.weight")):
+            continue
+        if name.endswith(".ff.net.0.proj.weight"):
+            value_half, gate = torch.chunk(value, 2, dim=0)  # diffusers' SwiGLU reads [value; gate]
+            value = torch.cat([gate, value_half], dim=0)
+        out[formats.diffusers_to_published_name(name)] = value
+    return {k: out[k].contiguous() for k in sorted(out)}
+
+
+def _stored_dtype(published_name: str):
+    """The release's mixed precision: fp32 for the patch projections, timestep MLP and output heads, else bf16."""
+    import torch
+
+    from .engine import formats
+
+    return torch.float32 if published_name.startswith(formats.PUBLISHED_FP32_PREFIXES) else torch.bfloat16
+
+
+def write_single_file(model, path) -> Path:
+    """One ``.safetensors`` in the published layout and precision (what Comfy-Org's ``*_bf16`` files hold)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.to(_stored_dtype(k)).contiguous() for k, v in published_state_dict(model).items()}
+    save_file(state, str(path), metadata={"format": "pt"})
+    return path
+
+
+def quantize_q6_k(rows):
+    """Q6_K blocks (ggml's layout: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 sub-block scales, one
+    fp16 super-scale per 256 values) of a float32 ``[n, k]`` array, ``k`` a multiple of 256. A plain round-to-nearest
+    quantizer (ggml's own searches its scales; any valid encoding dequantizes the same way)."""
+    import numpy as np
+
+    x = np.asarray(rows, dtype=np.float32).reshape(-1, 256)
+    n = x.shape[0]
+    sub = x.reshape(n, 16, 16)
+    scale = np.abs(sub).max(axis=2) / 31.0  # per 16 values
+    d = (np.abs(scale).max(axis=1) / 127.0).astype(np.float16)
+    d32 = d.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.where(d32[:, None] > 0, np.round(scale / d32[:, None]), 0).clip(-128, 127).astype(np.int8)
+        eff = d32[:, None] * sc.astype(np.float32)
+        q = np.where(eff[:, :, None] != 0, np.round(sub / eff[:, :, None]), 0).clip(-32, 31).astype(np.int16)
+    u = (q + 32).astype(np.uint8).reshape(n, 2, 128)  # two halves of 128 values
+    low, high = u & 0x0F, u >> 4
+    ql = (low[:, :, :64] | (low[:, :, 64:] << 4)).reshape(n, 128)
+    hq = high.reshape(n, 2, 4, 32)
+    qh = (hq[:, :, 0] | (hq[:, :, 1] << 2) | (hq[:, :, 2] << 4) | (hq[:, :, 3] << 6)).reshape(n, 64)
+    return np.concatenate([ql, qh, sc.view(np.uint8), d.reshape(n, 1).view(np.uint8)], axis=1)
+
+
+def write_gguf(model, path, qtype: str = "Q8_0") -> Path:
+    """An unpruned GGUF of the transformer in the published layout: ``qtype`` where a row fits the block, F32 for 1-D
+    tensors and the release's fp32 modules, BF16 for the rest (see ``formats.gguf_type_for``)."""
+    import gguf
+    import numpy as np
+
+    from .engine import formats
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), "minimax_h3")
+    writer.add_name("comfy-h3 tiny MiniMax-H3 transformer")
+    writer.add_file_type({"Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                          "Q6_K": gguf.LlamaFileType.MOSTLY_Q6_K}[qtype])
+    for name, value in published_state_dict(model).items():
+        arr = value.float().numpy()
+        kind = formats.gguf_type_for(name, arr.shape, qtype)
+        qt = gguf.GGMLQuantizationType[kind]
+        if kind == "F32":
+            writer.add_tensor(name, arr.astype(np.float32))
+        elif kind == "Q6_K":
+            writer.add_tensor(name, quantize_q6_k(arr).reshape(*arr.shape[:-1], -1), raw_dtype=qt)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(arr, qt), raw_dtype=qt)  # uint8 bytes, shape from the bytes
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 #: Linear modules of the tiny transformer a tiny LoRA adapts: (module suffix, out_features, in_features).
-_LORA_TARGETS = (("attn.to_q", 32, 24), ("attn.to_v", 32, 24), ("attn.to_out.0", 24, 32), ("ff.net.2", 24, 48))
+_LORA_TARGETS = (("attn.to_q", 16, 24), ("attn.to_v", 16, 24), ("attn.to_out.0", 24, 16), ("ff.net.2", 24, 48))
 
 
 def build_tiny_lora(out_path, seed: int = 0, rank: int = 4, steps: int | None = None, shift: float | None = None,

@@ -1,0 +1,424 @@
+"""The memory plan: what each machine will hold before it loads anything, checked against what it has.
+
+Resident bytes come from the sources' headers and configs only (no tensor data is read): each tensor's element count
+times the bytes it will hold at the requested precision, following diffusers' own rules:
+
+* ``bf16`` (more exactly: the load dtype): every parameter at that dtype, except the modules the class keeps in fp32
+  (``_keep_in_fp32_modules``, matched per dotted name component as ``from_pretrained`` does); buffers as built.
+* ``fp8``: ``enable_layerwise_casting(storage_dtype=float8_e4m3fn)`` stores every Linear outside the skip patterns
+  (diffusers' defaults + the class's ``_skip_layerwise_casting_patterns`` + its fp32 modules) at 1 byte per value;
+  everything else as above. Loading it first at the load dtype peaks at that size for the partition being loaded.
+* ``gguf``: quantized tensors (and BF16 ones) as stored, F32/F16 tensors at the load dtype, anything in an fp32
+  module dequantized to fp32 (diffusers' GGUF quantizer). On CUDA the whole file is first read into host memory.
+
+Working memory is an estimate for the canvas (packed rows x bytes per row, plus one block's weights upcast for fp8 or
+GGUF, plus allocator slack); it is stated as such wherever it is shown. Available memory is MemAvailable (psutil), or
+CUDA free memory with a GPU; on unified memory (DGX Spark: GPU and host share one pool) the smaller of the two, once.
+``H3_MEMORY_LIMIT_BYTES`` (or the ``limit_bytes`` parameter) replaces the measurement; a safety margin of
+``H3_MEMORY_MARGIN`` (default 3 %) is kept free.
+
+A plan that does not fit raises :class:`MemoryPlanError` before any load, with the numbers and the options that fit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import re
+from dataclasses import asdict, dataclass, field
+
+from . import formats
+from .split import PARTITIONS, ModelFolderError
+
+LIMIT_ENV = "H3_MEMORY_LIMIT_BYTES"
+MARGIN_ENV = "H3_MEMORY_MARGIN"
+DEFAULT_MARGIN = 0.03
+PRECISIONS = ("auto", "bf16", "fp8", "gguf")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: the default canvas a plan budgets working memory for (t2va's default size, 124 frames, 256 prompt tokens)
+DEFAULT_CANVAS = (768, 1344, 124)
+GiB = 2**30
+
+
+class MemoryPlanError(ModelFolderError):
+    """A plan that does not fit; the message carries the numbers and the options that would."""
+
+
+def human(n: float) -> str:
+    n = float(n)
+    if abs(n) >= 2**30 * 0.1:
+        return f"{n / GiB:.1f} GiB"
+    if abs(n) >= 2**20 * 0.1:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**10:.1f} KiB"
+
+
+# ---------------------------------------------------------------------------------------------------- skeletons
+@functools.lru_cache(maxsize=8)
+def _skeleton(config_json: str):
+    """The transformer built on the meta device from its config (no weights): names, shapes, module types."""
+    from accelerate import init_empty_weights
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    config = {k: v for k, v in json.loads(config_json).items() if not k.startswith("_")}
+    with init_empty_weights():
+        return MiniMaxH3Transformer3DModel.from_config(config)
+
+
+def skeleton(config: dict):
+    return _skeleton(json.dumps(config, sort_keys=True))
+
+
+def keep_fp32(cls, name: str) -> bool:
+    """diffusers' ``from_pretrained`` rule: a parameter stays fp32 when a dotted component of its name is listed in
+    the class's ``_keep_in_fp32_modules``."""
+    keep = getattr(cls, "_keep_in_fp32_modules", None) or []
+    parts = name.split(".")
+    return any(m in parts for m in keep)
+
+
+def _fp8_skip_patterns(cls) -> tuple[str, ...]:
+    from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+
+    return tuple(set(DEFAULT_SKIP_MODULES_PATTERN) | set(getattr(cls, "_keep_in_fp32_modules", None) or [])
+                 | set(getattr(cls, "_skip_layerwise_casting_patterns", None) or []))
+
+
+def fp8_cast_modules(model) -> set[str]:
+    """Names of the leaf modules ``enable_layerwise_casting`` stores in fp8 (diffusers' traversal: a module whose
+    name matches a skip pattern is skipped with everything under it; supported layers are cast whole)."""
+    from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
+
+    patterns = _fp8_skip_patterns(type(model))
+    out: set[str] = set()
+
+    def walk(module, prefix):
+        if prefix and any(re.search(p, prefix) for p in patterns):
+            return
+        if isinstance(module, _GO_LC_SUPPORTED_PYTORCH_LAYERS):
+            out.add(prefix)
+            return
+        for name, child in module.named_children():
+            walk(child, f"{prefix}.{name}" if prefix else name)
+
+    walk(model, "")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- components
+@dataclass
+class ComponentPlan:
+    name: str
+    precision: str  # "bfloat16", "fp8", "gguf Q8_0", ...
+    bytes: int
+    load_peak_bytes: int = 0  # bytes above ``bytes`` while this component loads (freed after)
+    detail: str = ""
+
+
+def transformer_bytes(source: formats.TransformerSource, precision: str, dtype: str = "bfloat16",
+                      device: str = "cpu", partition: str | None = None) -> ComponentPlan:
+    """Resident bytes of one transformer partition at ``precision`` ("bf16" means the load ``dtype``), from the
+    source's headers and config; also checks that the source's tensors are exactly the config's."""
+    precision = resolve_precision(precision, source)
+    config = source.config()
+    model = skeleton(config)
+    cls = type(model)
+    params = dict(model.named_parameters())
+    formats.check_covers(source, {n: tuple(p.shape) for n, p in params.items()})
+    size = DTYPE_BYTES[dtype]
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())  # rope.inv_freq, fp32
+    if precision == "gguf":
+        view = formats.diffusers_view(source)
+        total, types = buffers, {}
+        for name, p in params.items():
+            info = view[name]
+            types[info.dtype] = types.get(info.dtype, 0) + 1
+            if keep_fp32(cls, name):
+                total += 4 * p.numel()
+            elif info.dtype in formats.GGUF_PLAIN:
+                total += size * p.numel()
+            else:
+                total += info.nbytes
+        quant = sorted(t for t in types if t not in ("F32", "F16", "BF16")) or ["BF16"]
+        extra = source.file_bytes if device.startswith("cuda") else 0
+        return ComponentPlan(partition or source.subfolder, f"gguf {'+'.join(quant)}", total, extra,
+                             f"{source.path.name}: as stored ({', '.join(f'{k} x{v}' for k, v in sorted(types.items()))})")
+    full = sum((4 if keep_fp32(cls, n) else size) * p.numel() for n, p in params.items()) + buffers
+    if precision == "fp8":
+        cast = fp8_cast_modules(model)
+        total = buffers
+        for name, p in params.items():
+            owner = name.rsplit(".", 1)[0]
+            total += p.numel() if owner in cast else (4 if keep_fp32(cls, name) else size) * p.numel()
+        return ComponentPlan(partition or source.subfolder, "fp8", total, full - total,
+                             f"fp8 storage, {dtype} compute ({len(cast)} layers cast); loads at {dtype} first")
+    return ComponentPlan(partition or source.subfolder, dtype, full, 0, f"{dtype}, fp32 modules kept fp32")
+
+
+def resolve_precision(precision: str, source: formats.TransformerSource) -> str:
+    """``auto`` -> ``gguf`` for a GGUF file, else ``bf16`` (the load dtype); refuses mismatches."""
+    if precision not in PRECISIONS:
+        raise MemoryPlanError(f"precision is {precision!r}; expected one of {PRECISIONS}.")
+    if source.kind == "gguf":
+        if precision in ("auto", "gguf"):
+            return "gguf"
+        raise MemoryPlanError(f"{source.path.name} is a GGUF file, used as stored: choose precision 'gguf' (or "
+                              f"'auto'), not {precision!r}.")
+    if precision == "gguf":
+        raise MemoryPlanError(f"precision 'gguf' needs a .gguf file; {source.path} is a {source.kind}: choose 'bf16' "
+                              "or 'fp8', or give a .gguf file.")
+    return "bf16" if precision == "auto" else precision
+
+
+def packed_rows(height: int, width: int, frames: int, tokens: int = 256) -> int:
+    """Rows of B's packed sequence: video patches (2x2 of the 16x latent), stereo audio rows, prompt tokens
+    (shared/design.md section 2: 37,966 rows at 1344x768x124)."""
+    from . import wire
+
+    f = wire.video_latent_frames(frames)
+    return f * (height // 32) * (width // 32) + 2 * wire.audio_latent_frames(frames) + tokens
+
+
+def working_bytes_b(config: dict, precision: str, dtype: str, canvas=DEFAULT_CANVAS, tokens: int = 256,
+                    device: str = "cpu") -> int:
+    """Estimate of B's activation memory for one forward at ``canvas`` (height, width, frames): per packed row the
+    residual stream and modulation (4 x hidden), q/k/v/attention output (4 x heads x head_dim) and the SwiGLU
+    (3 x ffn) at the compute dtype; plus one transformer block's weights upcast for fp8/GGUF; plus 1 GiB of allocator
+    and CUDA context slack on a GPU."""
+    h, w, f = canvas
+    rows = packed_rows(h, w, f, tokens)
+    hidden, inner = config["hidden_size"], config["num_attention_heads"] * config["attention_head_dim"]
+    ffn = config["ffn_dim"]
+    size = DTYPE_BYTES[dtype]
+    per_row = size * (4 * hidden + 4 * inner + 3 * ffn)
+    block = 0
+    if precision in ("fp8", "gguf"):
+        model = skeleton(config)
+        block = size * sum(p.numel() for p in model.transformer_blocks[0].parameters())
+    slack = GiB if device.startswith("cuda") else 0
+    return rows * per_row + block + slack
+
+
+# ---------------------------------------------------------------------------------------------------- available
+def available_memory(device: str = "cpu", limit_bytes: int | None = None) -> tuple[int, str]:
+    """``(bytes, where from)``: the limit when given (parameter, then ``H3_MEMORY_LIMIT_BYTES``), else MemAvailable,
+    CUDA free memory, or on unified memory the smaller of the two (one pool, counted once)."""
+    if limit_bytes is not None:
+        return int(limit_bytes), "limit"
+    env = os.environ.get(LIMIT_ENV)
+    if env:
+        try:
+            return int(float(env)), LIMIT_ENV
+        except ValueError as exc:
+            raise MemoryPlanError(f"{LIMIT_ENV}={env!r} is not a number of bytes.") from exc
+    import psutil
+
+    vm = psutil.virtual_memory()
+    if device.startswith("cuda"):
+        import torch
+
+        idx = torch.device(device).index or 0
+        free, total = torch.cuda.mem_get_info(idx)
+        if abs(total - vm.total) < 0.2 * vm.total:
+            return min(free, vm.available), "unified memory: min(CUDA free, MemAvailable), counted once"
+        return free, "CUDA free"
+    return vm.available, "MemAvailable"
+
+
+def margin_fraction() -> float:
+    try:
+        return float(os.environ.get(MARGIN_ENV, DEFAULT_MARGIN))
+    except ValueError:
+        return DEFAULT_MARGIN
+
+
+# ---------------------------------------------------------------------------------------------------- plans
+@dataclass
+class MemoryPlan:
+    machine: str  # "A" | "B"
+    label: str  # e.g. "fp8, both partitions"
+    components: list[ComponentPlan]
+    working_bytes: int
+    available_bytes: int
+    available_from: str
+    margin_bytes: int
+    canvas: tuple = DEFAULT_CANVAS
+    options: list[tuple[str, int]] = field(default_factory=list)  # alternatives that fit: (label, need)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(c.bytes for c in self.components)
+
+    @property
+    def load_peak_bytes(self) -> int:
+        """The highest point while loading in order: what is already resident + the next component's extra."""
+        peak, held = 0, 0
+        for c in self.components:
+            peak = max(peak, held + c.bytes + c.load_peak_bytes)
+            held += c.bytes
+        return peak
+
+    @property
+    def need_bytes(self) -> int:
+        return max(self.resident_bytes + self.working_bytes, self.load_peak_bytes)
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.available_bytes - self.margin_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.need_bytes <= self.usable_bytes
+
+    def terms(self) -> str:
+        parts = [f"{c.name} {human(c.bytes)}" for c in self.components]
+        return " + ".join(parts + [f"working {human(self.working_bytes)}"])
+
+    def summary(self) -> str:
+        rel = "<=" if self.fits else ">"
+        peak = (f"; loading peaks at {human(self.load_peak_bytes)}"
+                if self.load_peak_bytes > self.resident_bytes + self.working_bytes else "")
+        text = (f"{self.machine} plan ({self.label}): {self.terms()} = {human(self.resident_bytes + self.working_bytes)}"
+                f"{peak} {rel} {human(self.usable_bytes)} free on {self.machine} ({self.available_from}, "
+                f"{human(self.margin_bytes)} margin kept)")
+        if not self.fits and self.options:
+            text += "; " + "; ".join(f"{label} ({human(need)}) fits" for label, need in self.options)
+        elif not self.fits:
+            text += "; no precision or residency of these files fits: free memory on this machine"
+        return text
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(resident_bytes=self.resident_bytes, need_bytes=self.need_bytes, usable_bytes=self.usable_bytes,
+                 load_peak_bytes=self.load_peak_bytes, fits=self.fits, summary=self.summary())
+        return d
+
+    def check(self) -> "MemoryPlan":
+        if not self.fits:
+            raise MemoryPlanError("memory plan refused before loading anything: " + self.summary())
+        return self
+
+
+def plan_b(sources: dict[str, formats.TransformerSource], partitions: tuple[str, ...], precision: str = "auto",
+           dtype: str = "bfloat16", device: str = "cpu", canvas=DEFAULT_CANVAS, limit_bytes: int | None = None,
+           with_options: bool = True) -> MemoryPlan:
+    """B's plan: ``partitions`` resident at ``precision`` from ``sources`` (partition -> source), plus working memory
+    for ``canvas``. ``options`` lists the other precisions/residencies of the same files that would fit."""
+    avail, where = available_memory(device, limit_bytes)
+    comps = [transformer_bytes(sources[p], precision, dtype, device, p) for p in partitions]
+    first = sources[partitions[0]]
+    working = working_bytes_b(first.config(), resolve_precision(precision, first), dtype, canvas, device=device)
+    residency = "both partitions" if len(partitions) > 1 else f"{partitions[0]} only, swapping"
+    label = f"{comps[0].precision}, {residency}"
+    plan = MemoryPlan("B", label, comps, working, avail, where, int(avail * margin_fraction()), tuple(canvas))
+    if with_options and not plan.fits:
+        plan.options = fitting_options_b(sources, dtype, device, canvas, avail, plan.margin_bytes, exclude=label)
+    return plan
+
+
+def fitting_options_b(sources, dtype, device, canvas, avail, margin, exclude="") -> list[tuple[str, int]]:
+    gguf = all(s.kind == "gguf" for s in sources.values())
+    precisions = ("gguf",) if gguf else ("bf16", "fp8")
+    both = tuple(p for p in PARTITIONS if p in sources)
+    out = []
+    for prec in precisions:
+        for parts in ((both,) if len(both) > 1 else ()) + ((both[:1],) if both else ()):
+            try:
+                p = plan_b(sources, parts, prec, dtype, device, canvas, limit_bytes=avail, with_options=False)
+            except formats.FormatError:
+                continue
+            if p.label != exclude and p.need_bytes <= avail - margin:
+                name = p.components[0].precision
+                label = f"{name} for both" if len(parts) > 1 else f"{name} for one partition (swapping)"
+                out.append((label, p.need_bytes))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- A side
+def _class_of(folder: pathlib.Path):
+    """The model class a component folder's config names (diffusers ``_class_name`` or transformers
+    ``architectures``), for its ``_keep_in_fp32_modules``; ``None`` when it cannot be imported."""
+    cfg = json.loads((folder / "config.json").read_text())
+    name = cfg.get("_class_name") or (cfg.get("architectures") or [None])[0]
+    for lib in ("diffusers", "transformers"):
+        try:
+            mod = __import__(lib)
+            cls = getattr(mod, name, None)
+            if cls is not None:
+                return cls
+        except Exception:  # noqa: BLE001
+            continue
+    return None
+
+
+def folder_bytes(folder: pathlib.Path, dtype: str) -> ComponentPlan:
+    """Resident bytes of a diffusers/transformers component folder loaded at ``dtype``, from its headers."""
+    cls = _class_of(folder)
+    size = DTYPE_BYTES[dtype]
+    total, n = 0, 0
+    for f in sorted(folder.glob("*.safetensors")):
+        tensors, _ = formats.read_safetensors_header(f)
+        for name, t in tensors.items():
+            n += 1
+            if t.dtype not in ("F32", "F16", "BF16", "F64"):
+                total += t.nbytes
+            else:
+                total += (4 if (cls is not None and keep_fp32(cls, name)) else size) * t.numel
+    return ComponentPlan(folder.name, dtype, total, 0, f"{n} tensors")
+
+
+def working_bytes_a(dtype: str, canvas=DEFAULT_CANVAS, device: str = "cpu") -> int:
+    """Estimate of A's decode memory at ``canvas``: the decoded video in fp32 twice (VAE output and the frames handed
+    on), one 17-frame clip of VAE activations at 128 channels, and 1 GiB of slack on a GPU."""
+    h, w, f = canvas
+    return 2 * f * h * w * 3 * 4 + 17 * h * w * 128 * DTYPE_BYTES[dtype] + (GiB if device.startswith("cuda") else 0)
+
+
+def plan_a(model_dir: str | os.PathLike, components: tuple[str, ...], dtype: str = "bfloat16", device: str = "cpu",
+           canvas=DEFAULT_CANVAS, limit_bytes: int | None = None) -> MemoryPlan:
+    """A's plan: the text encoder and VAEs of the diffusers folder at ``dtype`` plus decode working memory."""
+    root = pathlib.Path(os.path.expanduser(str(model_dir)))
+    avail, where = available_memory(device, limit_bytes)
+    comps = [folder_bytes(root / c, dtype) for c in components if (root / c / "config.json").is_file()]
+    plan = MemoryPlan("A", dtype, comps, working_bytes_a(dtype, canvas, device), avail, where,
+                      int(avail * margin_fraction()), tuple(canvas))
+    if not plan.fits and dtype == "float32":
+        alt = plan_a(root, components, "bfloat16", device, canvas, avail)
+        if alt.need_bytes <= plan.usable_bytes:
+            plan.options = [("bfloat16", alt.need_bytes)]
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------------- real size
+def real_sources(kind: str = "single_file", qtype: str = "Q8_0") -> dict[str, formats.TransformerSource]:
+    """Sources with the released model's tensors (from the shipped config; no file): the published single-file
+    layout in its mixed precision, or a GGUF of it under :func:`formats.gguf_type_for`. For arithmetic only."""
+    out = {}
+    for part in PARTITIONS:
+        cfg = json.loads((formats.SHIPPED_CONFIG_ROOT / part / "config.json").read_text())
+        model = skeleton(cfg)
+        tensors = {}
+        for name, p in model.named_parameters():
+            shape = tuple(p.shape)
+            if name.endswith(".attn.to_q.weight"):
+                pub = formats.diffusers_to_published_name(name[: -len(".attn.to_q.weight")]) + formats.QKV
+                shape = (3 * shape[0], *shape[1:])
+            elif name.endswith((".attn.to_k.weight", ".attn.to_v.weight")):
+                continue
+            else:
+                pub = formats.diffusers_to_published_name(name)
+            numel = 1
+            for s in shape:
+                numel *= s
+            if kind == "gguf":
+                t = formats.gguf_type_for(pub, shape, qtype)
+                tensors[pub] = formats.TensorInfo(pub, shape, t, formats.gguf_nbytes(t, numel))
+            else:
+                fp32 = pub.startswith(formats.PUBLISHED_FP32_PREFIXES)
+                tensors[pub] = formats.TensorInfo(pub, shape, "F32" if fp32 else "BF16", (4 if fp32 else 2) * numel)
+        out[part] = formats.TransformerSource("gguf" if kind == "gguf" else "single_file",
+                                              pathlib.Path(f"<released {part}>"), tensors,
+                                              formats.SHIPPED_CONFIG_ROOT, part)
+    return out
