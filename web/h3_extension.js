@@ -3,7 +3,11 @@
 // - a readout DOM widget on every H3 node (works in the classic LiteGraph canvas and in Vue-node mode), updated
 //   from the websocket events `h3.progress` (live) and `h3.timing` (final figures);
 // - a timeline panel (sidebar tab when the frontend has the API, else a floating panel behind a small button):
-//   one waterfall per request, cluster status from /h3/status, JSON/CSV export of /h3/timings;
+//   one waterfall per request, cluster status from /h3/status, JSON/CSV export of /h3/timings. The frontend
+//   (1.49) calls the tab's render(el) before `el` is in the page (attached right after), destroy() when the tab
+//   closes and render() with a fresh `el` when it is reopened (its slot may also call render again with the same
+//   `el`): one panel object lives for the whole session, is moved into whatever element render() hands over, and
+//   is drawn whether or not that element is attached yet;
 // - every handler is wrapped: nothing here throws into the console (console.warn at most).
 // The logic lives in h3_view.js, h3_timeline.js and h3_dom.js (no ComfyUI import there).
 
@@ -23,7 +27,9 @@ const TIMINGS_MIN_INTERVAL_MS = 1000;
 
 const store = new H3Store();
 const readouts = new Map(); // graph node -> readout element
-const panels = new Set();
+const panels = new Set(); // the sidebar panel and/or the floating one; made once, never dropped
+let sidebarPanel = null; // reused across the frontend's render(el) calls
+let sidebarContainer = null; // the element the frontend last handed to render()
 const state = { status: null, statusError: null, reconnecting: false };
 
 function warn(...args) {
@@ -134,11 +140,8 @@ function schedulePanels() {
 function renderPanels() {
   const share = warnShare();
   const model = statusModel(state.status, { fetchError: state.statusError });
-  for (const p of [...panels]) {
-    if (!p.floating && p.mounted && !p.el.isConnected) {
-      panels.delete(p);
-      continue;
-    }
+  for (const p of panels) {
+    // drawn even while detached: the frontend attaches the tab's element only after render(el) returns
     try {
       p.setStatus(model);
       p.setRequests(store, { warnShare: share });
@@ -165,13 +168,36 @@ function newPanel() {
   return panel;
 }
 
-function mountPanel(container) {
-  const panel = newPanel();
-  container.replaceChildren(panel.el);
-  panel.mounted = true;
-  renderPanels();
-  refreshStatus(true);
-  refreshTimings(true);
+/** Redraws when the panel's width changes (first layout after the frontend attaches it, sidebar resize). */
+function watchWidth(panel) {
+  const RO = globalThis.ResizeObserver;
+  if (typeof RO !== "function") return;
+  let last = -1;
+  new RO(safe((entries) => {
+    const w = entries[entries.length - 1]?.contentRect?.width ?? 0;
+    if (w > 0 && Math.abs(w - last) > 16) {
+      last = w;
+      schedulePanels(); // a timer, never a redraw inside the observer callback
+    }
+  })).observe(panel.el);
+}
+
+/** The sidebar tab's render(el): moves the one panel into `el` (attached or not) and fills it. */
+function mountSidebar(container) {
+  if (!container || typeof container.replaceChildren !== "function") return;
+  if (!sidebarPanel) {
+    sidebarPanel = newPanel();
+    watchWidth(sidebarPanel);
+  }
+  const reopened = container !== sidebarContainer;
+  sidebarContainer = container;
+  if (sidebarPanel.el.parentNode !== container || container.childNodes.length !== 1) {
+    container.replaceChildren(sidebarPanel.el);
+  }
+  renderPanels(); // draws now, attached or not
+  schedulePanels(); // and again once the frontend has put `el` in the page (real width)
+  refreshStatus(reopened);
+  refreshTimings(reopened);
 }
 
 // ------------------------------------------------------------------------------------------------ routes
@@ -323,7 +349,10 @@ app.registerExtension({
         title: "H3",
         tooltip: "H3 timings and cluster status",
         type: "custom",
-        render: safe((el) => mountPanel(el)),
+        render: safe((el) => mountSidebar(el)),
+        destroy: safe(() => {
+          sidebarContainer = null; // the tab closed: the next render(el) is a reopening
+        }),
       });
     } else {
       const panel = newPanel();

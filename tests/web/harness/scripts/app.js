@@ -97,12 +97,16 @@ export const app = {
     document.getElementById("sidebar-icons").appendChild(b);
   },
   openSidebarTab(id) {
+    // as ComfyUI's frontend (1.49) does: destroy() the open custom tab, render(el) into a NEW element that is not
+    // in the page yet, attach it afterwards
     const tab = this.sidebarTabs.find((t) => t.id === id);
     const content = document.getElementById("sidebar-content");
+    this.openTab?.destroy?.();
     const el = document.createElement("div");
     el.dataset.tab = id;
-    content.replaceChildren(el);
     tab.render(el);
+    content.replaceChildren(el);
+    this.openTab = tab;
   },
   addNode(id, type) {
     const node = new FakeNode(id, type);
