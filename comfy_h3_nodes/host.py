@@ -73,6 +73,10 @@ class LocalHost:
     def set_output_dir(self, path: str | os.PathLike) -> None:
         self._output = pathlib.Path(path).resolve()
 
+    def model_folders(self) -> list[str]:
+        """A's model roots without ComfyUI: ``H3_MODEL_DIRS`` (colon-separated), else none."""
+        return [d for d in os.environ.get("H3_MODEL_DIRS", "").split(os.pathsep) if d.strip()]
+
 
 class ComfyProgress(ProgressReporter):
     def __init__(self, total: int, node_id: str | None):
@@ -117,6 +121,15 @@ class ComfyHost:
         import folder_paths
 
         return pathlib.Path(folder_paths.get_output_directory())
+
+    def model_folders(self) -> list[str]:
+        """ComfyUI's ``diffusers`` model folders: ``models/diffusers`` plus that key in ``extra_model_paths.yaml``."""
+        import folder_paths
+
+        try:
+            return list(folder_paths.get_folder_paths("diffusers"))
+        except KeyError:  # a ComfyUI without that folder kind
+            return []
 
 
 _HOST: Any = None

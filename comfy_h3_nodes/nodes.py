@@ -10,18 +10,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import socket
 import time
 
+from .engine import catalog
 from .engine import request as rq
 from .engine.backends import UI_CHOICES
-from .engine.split import DTYPES, PARTITIONS
+from .engine.split import A_COMPONENTS, DTYPES, PARTITIONS, ModelFolderError, check_model_dir
 from .engine.timing import StageRecord
 
 log = logging.getLogger("comfy_h3.nodes")
 
 CATEGORY = "MiniMax-H3"
-DEFAULT_MODEL_PATH = "/models/MiniMax-H3"
+DEFAULT_MODEL_PATH = "/models/MiniMax-H3"  # what the templates name: the released model's usual place
 MAX_SEED = rq.MAX_SEED
+TINY = catalog.TINY
 
 
 # ------------------------------------------------------------------------------------------------ values
@@ -117,20 +120,18 @@ def report(node_type: str, unique_id, records: list[StageRecord], compute_stage:
 
 
 def _local_record(stage: str, t0: float, w0: float, request_id: str = "", **kw) -> StageRecord:
-    return StageRecord(request_id, stage, "A", _node_ip(), w0, time.time(), compute_s=time.perf_counter() - t0, **kw)
+    return StageRecord(request_id, stage, "A", _a_node(), w0, time.time(), compute_s=time.perf_counter() - t0, **kw)
 
 
-def _node_ip() -> str:
-    import sys
-
-    if "ray" in sys.modules:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    import socket
-
+def _a_node() -> str:
+    """How A's records name this machine: its host name, the same before and after Ray starts (its cluster address
+    is shown by H3RemoteDiT and /h3/status)."""
     return socket.gethostname()
+
+
+def _named_by_host(records: list[StageRecord], b_host: str) -> list[StageRecord]:
+    """The executor's records name nodes by cluster address; the UI names both machines by host name."""
+    return [dataclasses.replace(r, node=_a_node() if r.machine == "A" else (b_host or r.node)) for r in records]
 
 
 def _image_list(images) -> list:
@@ -179,22 +180,45 @@ class H3LoadEncoders:
 
     @classmethod
     def INPUT_TYPES(cls):
+        models = catalog.choices(_host().model_folders())
         return {"required": {
-            "model_path": ("STRING", {"default": DEFAULT_MODEL_PATH,
-                                      "tooltip": "diffusers MiniMax-H3 folder on A (modular_model_index.json)"}),
+            "model_path": (models, {"default": models[0], "tooltip": (
+                "diffusers MiniMax-H3 folder on A (found under ComfyUI's models/diffusers; a typed path works too). "
+                f"'{TINY}' is a tiny random model built on first use: try the pack without weights.")}),
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
             "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    # Names model_path so that a typed path (API prompts) passes ComfyUI's list check; this checks it instead.
+    @classmethod
+    def VALIDATE_INPUTS(cls, model_path=None):
+        return _check_a_model(model_path)
 
     def load(self, model_path, dtype, attention_backend, unique_id=None):
         from .engine import session
 
         t0, w0 = time.perf_counter(), time.time()
-        enc, loaded_now = session.encoders(model_path, dtype, attention_backend)
+        err = _check_a_model(model_path)
+        if err is not True:
+            raise ModelFolderError(err)
+        enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend)
         loads = sum(r.seconds for r in enc.load_records) if loaded_now else 0.0
+        what = TINY if catalog.is_tiny(model_path) else str(enc.model_dir)
         rec = _local_record("load", t0, w0, load_s=loads,
-                            note=("loaded" if loaded_now else "resident") + f": {', '.join(enc.resident())}")
+                            note=("loaded" if loaded_now else "resident") + f" {what}: {', '.join(enc.resident())}")
         return {"ui": report("H3LoadEncoders", unique_id, [rec], "load"), "result": (enc,)}
+
+
+def _check_a_model(model_path) -> str | bool:
+    if model_path is None or catalog.is_tiny(model_path):
+        return True
+    if not isinstance(model_path, str) or not model_path.strip():
+        return f"model_path is empty; choose a model folder, or {TINY!r} to try the pack without weights."
+    try:
+        check_model_dir(model_path.strip(), A_COMPONENTS)
+    except ModelFolderError as exc:
+        return f"{exc} To try the pack without weights, choose {TINY!r}."
+    return True
 
 
 class H3RemoteDiT:
@@ -207,11 +231,16 @@ class H3RemoteDiT:
 
     @classmethod
     def INPUT_TYPES(cls):
+        from .engine import session
+
+        models = session.b_model_choices()
         return {"required": {
             "cluster_address": ("STRING", {"default": "local", "tooltip": "'local' or the Ray head host:port"}),
             "actor_name": ("STRING", {"default": "h3_dit"}),
             "namespace": ("STRING", {"default": "comfy_h3"}),
-            "model_path": ("STRING", {"default": DEFAULT_MODEL_PATH, "tooltip": "model folder on machine B"}),
+            "model_path": (models, {"default": models[0], "tooltip": (
+                "model on machine B: the list is what B reported at the last connection (run once, then Refresh); "
+                f"a typed path on B works too. '{TINY}' is a tiny random model B builds on first use.")}),
             "partition": (list(PARTITIONS), {"default": "transformer"}),
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
             "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
@@ -222,15 +251,13 @@ class H3RemoteDiT:
         return float("nan")  # re-check topology and health on every run
 
     # No **kwargs in any VALIDATE_INPUTS: ComfyUI skips its own min/max and combo checks for every input a
-    # VALIDATE_INPUTS names, and for all of them when it takes **kwargs. A linked input arrives as None.
+    # VALIDATE_INPUTS names, and for all of them when it takes **kwargs. A linked input arrives as None. ComfyUI
+    # shows a VALIDATE_INPUTS message once per input the method names, so each names only the inputs its message is
+    # about: here model_path (a typed path on B must pass the list check); the address is checked when it runs.
     @classmethod
-    def VALIDATE_INPUTS(cls, cluster_address=None, actor_name=None):
-        if cluster_address is not None:
-            addr = cluster_address.strip()
-            if addr != "local" and (":" not in addr or not addr.rsplit(":", 1)[1].isdigit()):
-                return f"cluster_address {cluster_address!r} must be 'local' or host:port (e.g. 192.168.100.1:6379)."
-        if actor_name is not None and not actor_name.strip():
-            return "actor_name is empty; use the name `remote_worker setup` printed (default h3_dit)."
+    def VALIDATE_INPUTS(cls, model_path=None):
+        if model_path is not None and (not isinstance(model_path, str) or not model_path.strip()):
+            return f"model_path is empty; choose a model B has, or {TINY!r} to try the pack without weights."
         return True
 
     def connect(self, cluster_address, actor_name, namespace, model_path, partition, dtype, attention_backend,
@@ -238,17 +265,33 @@ class H3RemoteDiT:
         from .engine import session
 
         t0, w0 = time.perf_counter(), time.time()
-        ex = session.dit(cluster_address.strip(), actor_name.strip(), namespace.strip(), model_path, partition,
+        address = rq.check_cluster_address(cluster_address)
+        if not actor_name.strip():
+            raise rq.RequestError("actor_name is empty; use the name `remote_worker setup` printed (default h3_dit).")
+        session.A_MODEL_ROOTS[:] = _host().model_folders()
+        ex = session.dit(address, actor_name.strip(), namespace.strip(), model_path.strip(), partition,
                          dtype, attention_backend)
         health = ex.last_health  # session.dit has just checked it (on start, or on reuse)
         b = health["B"]
-        rec = StageRecord("", "connect", "B", b["node_ip"], w0, time.time(), compute_s=time.perf_counter() - t0,
-                          note=f"A {ex.topology.a.ip} · B {b['node_ip']} ({b['device']}, {b['partition']})")
+        note = f"A {ex.topology.a.ip} · B {b['node_ip']} ({b['device']}; {_b_config_text(b)})"
+        if ex.last_reconfigure:
+            note += f" · B reconfigured: {ex.last_reconfigure}"
+        rec = StageRecord("", "connect", "B", b.get("hostname") or b["node_ip"], w0, time.time(),
+                          compute_s=time.perf_counter() - t0, note=note)
         ui = report("H3RemoteDiT", unique_id, [rec], "connect",
                     extra={"a_node": ex.topology.a.ip, "b_node": b["node_ip"], "b_device": b["device"],
-                           "partition": b["partition"], "clock_b_minus_a_s": health["clock"]["b_minus_a_s"]})
-        _host().progress_text(rec.note, unique_id)
+                           "partition": b["partition"], "resident": b.get("resident"),
+                           "b_models": session.b_model_choices(),
+                           "reconfigured": ex.last_reconfigure or None,
+                           "clock_b_minus_a_s": health["clock"]["b_minus_a_s"]})
+        _host().progress_text(note, unique_id)
         return {"ui": ui, "result": (ex,)}
+
+
+def _b_config_text(b: dict) -> str:
+    """What B serves: model, partition(s) resident, dtype and attention backend."""
+    model = TINY if catalog.is_tiny(b.get("model", "")) else b.get("model_dir", "?")
+    return f"{model}, {b['partition']}, {b['dtype']}, attention {b.get('attention_choice') or b['attention_backend']}"
 
 
 class H3LoRA:
@@ -263,16 +306,16 @@ class H3LoRA:
     def INPUT_TYPES(cls):
         return {"required": {
             "dit": ("H3_DIT",),
-            "lora_path": ("STRING", {"default": "/models/loras/h3_turbo_4step.safetensors",
-                                     "tooltip": "path on machine B"}),
+            "lora_path": ("STRING", {"default": "/models/loras/h3_turbo_4step.safetensors", "tooltip": (
+                f"path on machine B; '{TINY}' is a tiny random 4-step LoRA B builds for the '{TINY}' model")}),
             "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.05}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     @classmethod
-    def VALIDATE_INPUTS(cls, lora_path=None, strength=None):
-        if lora_path is not None and strength is not None:
+    def VALIDATE_INPUTS(cls, lora_path=None):  # strength: ComfyUI's own range check
+        if lora_path is not None:
             try:
-                rq.check_adapters([(lora_path, strength)])
+                rq.check_adapters([(lora_path, 1.0)])
             except rq.RequestError as exc:
                 return str(exc)
         return True
@@ -347,33 +390,26 @@ class H3TextEncode:
             "prompt": ("STRING", {"multiline": True, "default": ""}),
             "width": ("INT", {"default": 832, "min": 0, "max": 4096, "step": 32}),
             "height": ("INT", {"default": 480, "min": 0, "max": 4096, "step": 32}),
-            "num_frames": ("INT", {"default": 124, "min": 1, "max": 1000,
+            "num_frames": ("INT", {"default": 124, "min": rq.valid_frame_range()[0], "max": rq.valid_frame_range()[1],
                                    "tooltip": "at 24 fps; snapped up to 17n+5; 124..345 (5-15 s)"}),
         }, "optional": {"keyframes": ("H3_KEYFRAMES",), "references": ("H3_REFERENCES",)},
             "hidden": {"unique_id": "UNIQUE_ID"}}
 
+    # The canvas check needs both sides, so it names both; num_frames is ComfyUI's range check, and the prompt is
+    # checked when the node runs (before anything is encoded), so no message lands on an input it is not about.
     @classmethod
-    def VALIDATE_INPUTS(cls, width=None, height=None, num_frames=None, prompt=None):
+    def VALIDATE_INPUTS(cls, width=None, height=None):
         if isinstance(width, int) and isinstance(height, int):
             if (width == 0) != (height == 0):
                 return f"width {width} and height {height}: set both to 0 (automatic) or both to a size."
             err = _canvas_errors(width, height)
             if err:
                 return err
-        if num_frames is not None:
-            try:
-                rq.check_frames(num_frames)
-            except rq.RequestError as exc:
-                return str(exc)
-        if isinstance(prompt, str):
-            try:
-                rq.check_prompt(prompt)
-            except rq.RequestError as exc:
-                return str(exc)
         return True
 
     def encode(self, encoders, prompt, width, height, num_frames, keyframes=None, references=None, unique_id=None):
         t0, w0 = time.perf_counter(), time.time()
+        rq.check_prompt(prompt)
         req = rq.H3Request(prompt=prompt, height=height or None, width=width or None, num_frames=num_frames,
                            steps=1, seed=0)
         if keyframes is not None:
@@ -381,7 +417,7 @@ class H3TextEncode:
         if references is not None:
             req.reference_images, req.reference_audio = list(references.images), references.audio
         payload = encoders.encode(req)
-        rec = StageRecord(payload.request_id, "encode", "A", _node_ip(), w0, time.time(),
+        rec = StageRecord(payload.request_id, "encode", "A", _a_node(), w0, time.time(),
                           compute_s=time.perf_counter() - t0, bytes=payload.field_bytes())
         extra = {"workflow": payload.workflow, "canvas": f"{payload.width}x{payload.height}",
                  "num_frames": payload.num_frames}
@@ -408,12 +444,10 @@ class H3RemoteDenoise:
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     @classmethod
-    def VALIDATE_INPUTS(cls, seed=None, steps=None):
+    def VALIDATE_INPUTS(cls, steps=None):  # seed: ComfyUI's own range check (0..2**64-1)
         try:
             if steps is not None:
                 rq.check_steps(steps)
-            if seed is not None:
-                rq.check_seed(seed)
         except rq.RequestError as exc:
             return str(exc)
         return True
@@ -466,10 +500,11 @@ class H3RemoteDenoise:
             latents, b_to_a = await loop.run_in_executor(None, dit.receive_local, den)
         finally:
             bar.close()
-        records = [*den.records, b_to_a]
+        records = _named_by_host([*den.records, b_to_a], (dit.last_health or {}).get("B", {}).get("hostname", ""))
+        ran = den.records[1].info
         forwards = len(den.records[1].steps)
         extra = {"steps_total": forwards, "schedule": f"{steps} sigma points: {den.records[1].note}",
-                 "total_s": time.perf_counter() - t0}
+                 "ran": ran, "total_s": time.perf_counter() - t0}
         ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra)
         h.progress_text(extra["schedule"], unique_id)
         return {"ui": ui, "result": (Latents(latents, records),)}
@@ -507,7 +542,7 @@ class H3Decode:
         media = encoders.decode(latents.payload)
         images = torch.from_numpy(media.frames)
         audio = {"waveform": torch.from_numpy(media.audio).unsqueeze(0), "sample_rate": media.sample_rate}
-        rec = StageRecord(latents.payload.request_id, "decode", "A", _node_ip(), w0, time.time(),
+        rec = StageRecord(latents.payload.request_id, "decode", "A", _a_node(), w0, time.time(),
                           compute_s=time.perf_counter() - t0,
                           bytes={"frames": int(media.frames.nbytes), "audio": int(media.audio.nbytes)})
         ui = report("H3Decode", unique_id, [rec], "decode",

@@ -22,6 +22,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from .engine.catalog import TINY
+
 PACK_ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = PACK_ROOT / "example_workflows"
 UI_ONLY_TYPES = {"Note", "MarkdownNote"}
@@ -138,6 +140,8 @@ def check_prompt(api: dict, mappings=None) -> list[str]:
         specs = input_specs(cls)
         inputs = node.get("inputs", {})
         where = f"node {nid} ({node['class_type']})"
+        # like ComfyUI: an input VALIDATE_INPUTS names skips the list/range check (a typed model path is allowed)
+        own_check = set(inspect.signature(cls.VALIDATE_INPUTS).parameters) if hasattr(cls, "VALIDATE_INPUTS") else set()
         for name, (typ, opts, section) in specs.items():
             value = inputs.get(name)
             if value is None:
@@ -159,6 +163,8 @@ def check_prompt(api: dict, mappings=None) -> list[str]:
                     raise WorkflowError(f"{where} input {name!r} expects {want} but is linked to a {out_type} output "
                                         f"of node {value[0]} ({src['class_type']}).")
                 continue
+            if name in own_check:  # its VALIDATE_INPUTS decides, below; only the kind of value is checked here
+                typ, opts = ("STRING" if isinstance(typ, (list, tuple)) else typ), {}
             _check_literal(where, name, typ, opts, value)
         if hasattr(cls, "VALIDATE_INPUTS"):
             literal = {k: v for k, v in inputs.items() if not (isinstance(v, list) and len(v) == 2)}
@@ -292,15 +298,10 @@ def timing_table(result: RunResult) -> str:
 
 # ------------------------------------------------------------------------------------------------ CLI
 def tiny_checkpoint_dir() -> pathlib.Path:
-    """The tiny random checkpoint the demo and ``--tiny`` use, generated on first use."""
-    from .tiny_checkpoint import build_tiny_checkpoint
+    """The tiny random checkpoint the demo and ``--tiny`` use (the ``tiny-random`` choice), generated on first use."""
+    from .engine.catalog import tiny_checkpoint_dir as build
 
-    root = pathlib.Path(os.environ.get("H3_CACHE", pathlib.Path.home() / ".cache" / "comfy-h3"))
-    path = root / "tiny-h3-seed0"
-    if not (path / "modular_model_index.json").is_file():
-        print(f"[comfy-h3] generating the tiny random checkpoint in {path} (first use)")
-        build_tiny_checkpoint(path, seed=0)
-    return path
+    return build()
 
 
 MODEL_PATH_NODES = {"H3LoadEncoders": "model_path", "H3RemoteDiT": "model_path"}
@@ -334,7 +335,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog)
     ap.add_argument("workflow", nargs="?" if prog.endswith("demo") else None)
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--tiny", action="store_true", help="use the tiny random checkpoint (generated on first use)")
+    src.add_argument("--tiny", action="store_true",
+                     help="use the tiny random checkpoint on A and B (model_path 'tiny-random'; built on first use)")
     src.add_argument("--model-path", help="diffusers MiniMax-H3 folder for every model_path input")
     ap.add_argument("--set", action="append", default=[], metavar="ID.input=VALUE")
     ap.add_argument("--cluster", help="override H3RemoteDiT cluster_address ('local' or host:port)")
@@ -355,7 +357,7 @@ def execute(workflow_path: str, *, tiny: bool = False, model_path: str | None = 
     runner_core.INPUT_DIRS[:] = [pathlib.Path(p) for p in inputs] + [
         pathlib.Path(workflow_path).resolve().parent / "inputs", EXAMPLES / "inputs"]
     if tiny:
-        model_path = str(tiny_checkpoint_dir())
+        model_path = TINY  # each machine resolves it to its own copy, built on first use
     apply_overrides(api, model_path, list(sets), cluster)
     check_prompt(api)
     h = host()

@@ -1,12 +1,17 @@
 """The resident DiT as a named, detached Ray actor on the B node.
 
-Two concurrency groups: ``denoise`` (one slot: B serves one request at a time, in submission order) and ``control``
-(health, progress, cancel, load records), so a running denoise never blocks a health check or a cancel.
+Two concurrency groups: ``denoise`` (one slot: B serves one request at a time, in submission order; ``reconfigure``
+queues there too, so it never changes the model under a running request) and ``control`` (health, progress, cancel,
+load records, the model list), so a running denoise never blocks a health check or a cancel.
+
+The model a config names may be ``tiny-random``: B builds the pack's tiny random checkpoint in its own cache on first
+use. Everything else must lie inside B's model roots (:mod:`remote_worker.model_roots`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -14,29 +19,48 @@ from collections import deque
 import ray
 
 from comfy_h3_nodes.engine import actor_common as common
+from comfy_h3_nodes.engine import catalog
+from comfy_h3_nodes.engine import split
+from comfy_h3_nodes.engine.backends import resolve_attention_backend
 from comfy_h3_nodes.engine.timing import StageRecord
+
+from . import model_roots
+from .b_side import BSide, DenoiseCancelled
 
 log = logging.getLogger("comfy_h3.B")
 
 DEFAULT_NAME = "h3_dit"
 
+#: the settings of a running B that a client may ask to change (``reconfigure``); each one is a reload
+RECONFIGURABLE = ("model_dir", "partition", "dtype", "attention_backend")
+
+
+def _build_side(config: dict) -> BSide:
+    """Load B as ``config`` says; a model path outside B's model roots is refused before anything is read."""
+    model = config["model_dir"]
+    if catalog.is_tiny(model):
+        model_dir = catalog.resolve(model, announce=log.info)  # the pack's own, built in B's cache
+    else:
+        model_dir = str(model_roots.enforce(config))
+
+    def path_check(p):
+        if catalog.is_tiny(str(p)):
+            return catalog.tiny_lora_path(announce=log.info)
+        return model_roots.enforce({"model_dir": str(p), "model_roots": config.get("model_roots")})
+
+    return BSide(model_dir, partition=config.get("partition", "transformer"), dtype=config.get("dtype", "bfloat16"),
+                 attention_backend=config.get("attention_backend", "sdpa"), device=config.get("device"),
+                 allow_swap=config.get("allow_swap", True), path_check=path_check,
+                 precision=config.get("precision") or "auto", residency=config.get("residency") or "auto",
+                 sources=config.get("sources"), memory_limit_bytes=config.get("memory_limit_bytes"))
+
 
 class DiTActorImpl(common.ResidentActorMixin):
     def __init__(self, config: dict):
         common.setup_process(config.get("threads"))
-        from remote_worker import model_roots
-        from remote_worker.b_side import BSide
-
-        model_roots.enforce(config)  # refuse a model path outside B's model roots before reading anything
-
         self.started = time.time()
         self.config = dict(config)
-        self.side = BSide(config["model_dir"], partition=config.get("partition", "transformer"),
-                          dtype=config.get("dtype", "bfloat16"),
-                          attention_backend=config.get("attention_backend", "sdpa"),
-                          device=config.get("device"), allow_swap=config.get("allow_swap", True),
-                          path_check=lambda p: model_roots.enforce({"model_dir": str(p),
-                                                                    "model_roots": config.get("model_roots")}))
+        self.side = _build_side(self.config)
         self._lock = threading.Lock()
         self._progress: dict[str, dict] = {}
         self._cancelled: set[str] = set()
@@ -48,8 +72,6 @@ class DiTActorImpl(common.ResidentActorMixin):
     @ray.method(concurrency_group="denoise", num_returns=2)
     def denoise(self, refs: list, request_id: str, wait_timeout: float = 600.0):
         """Receive A's payload (bounded), denoise it, return ``(DenoisedLatents, [a_to_b, denoise])``."""
-        from remote_worker.b_side import DenoiseCancelled
-
         progress = {"state": "waiting", "steps": [], "total": 0, "error": None}
         with self._lock:
             self._progress[request_id] = progress
@@ -83,7 +105,7 @@ class DiTActorImpl(common.ResidentActorMixin):
             den = StageRecord(request_id, "denoise", "B", self.node_ip, t_recv, time.time(),
                               compute_s=result.compute_s + synthetic, bytes=result.latents.field_bytes(),
                               steps=tuple(s.seconds for s in result.steps), load_s=result.swap_s + result.adapter_s,
-                              note="; ".join(notes))
+                              note="; ".join(notes), info=self._serving(result.swap_s))
             progress["state"] = "done"
             self.recent.append({"request_id": request_id, "workflow": payload.workflow, "steps": len(result.steps),
                                 "compute_s": round(result.compute_s, 4), "finished": time.time()})
@@ -127,11 +149,63 @@ class DiTActorImpl(common.ResidentActorMixin):
             self._cancelled.add(request_id)
         return True
 
+    def _serving(self, swap_s: float = 0.0) -> dict:
+        """What this B serves (and so what a request it just finished ran on)."""
+        return {"model": self.config["model_dir"], "model_dir": str(self.side.model_dir),
+                "partition": self.side.partition, "resident": sorted(self.side.resident()),
+                "dtype": self.side.dtype, "attention_backend": self.config.get("attention_backend", "sdpa"),
+                "swapped_s": round(swap_s, 4)}
+
+    @ray.method(concurrency_group="denoise")
+    def reconfigure(self, changes: dict) -> dict:
+        """Serve other settings (``RECONFIGURABLE`` keys): queued behind running requests, then a reload.
+
+        Cheap checks come first (names, attention backend import, model roots, folder), while the old model still
+        serves; then the old model is dropped (two would not fit B's memory) and the new one loaded. If that load
+        fails, B reloads what it had and the error says so. Returns ``{key: [old, new]}`` and the seconds it took."""
+        unknown = sorted(set(changes) - set(RECONFIGURABLE))
+        if unknown:
+            raise ValueError(f"B cannot change {', '.join(unknown)}; it can change {', '.join(RECONFIGURABLE)}.")
+        new = {**self.config, **changes}
+        diff = {k: [self.config.get(k), new[k]] for k in changes if self.config.get(k) != new[k]}
+        if not diff:
+            return {"changed": {}, "seconds": 0.0}
+        t0 = time.perf_counter()
+        resolve_attention_backend(new.get("attention_backend", "sdpa"))  # a missing flash-attn fails here, loaded
+        if not catalog.is_tiny(new["model_dir"]):
+            split.check_model_dir(model_roots.enforce(new), split.b_components(new.get("partition", "transformer")))
+        old = self.config
+        self.side = None  # drop the old model first: B's memory holds one
+        try:
+            self.side = _build_side(new)
+        except Exception as exc:
+            log.warning("reconfigure %s failed (%s); reloading the previous settings", diff, exc)
+            self.side = _build_side(old)
+            raise RuntimeError(f"B could not load {', '.join(f'{k} {v[1]}' for k, v in diff.items())} "
+                               f"({type(exc).__name__}: {exc}); it serves its previous settings again.") from exc
+        self.config = new
+        log.info("reconfigured %s in %.2f s", diff, time.perf_counter() - t0)
+        return {"changed": diff, "seconds": time.perf_counter() - t0}
+
+    @ray.method(concurrency_group="control")
+    def models(self, search_roots: list | None = None) -> dict:
+        """The models this machine has, for A's pickers: diffusers folders under B's model roots (or, where B has
+        none, under ``search_roots``: the embedded single-machine cluster), then ``tiny-random``."""
+        roots = (model_roots.parse_roots(self.config.get("model_roots"))
+                 + model_roots.parse_roots(os.environ.get(model_roots.ENV)))
+        return {"models": catalog.choices(roots or list(search_roots or [])), "roots": roots or None}
+
     @ray.method(concurrency_group="control")
     def health(self) -> dict:
+        if self.side is None:
+            raise RuntimeError("B is reloading its model (reconfigure); ask again in a moment.")
         info = common.base_health("B", self.side, self.started)
+        info.update(self._serving())
+        info["attention_backend"] = self.side.attention_backend
+        info["attention_choice"] = self.config.get("attention_backend", "sdpa")
         info["partition"] = self.side.partition
         info["text_dim"] = self.side.text_dim
+        info["memory_plan"] = self.side.memory_report()  # the plan B loaded by, and what it measures it holds
         info["recent"] = list(self.recent)[-10:]
         info["busy"] = any(p["state"] in ("waiting", "running") for p in list(self._progress.values()))
         return info

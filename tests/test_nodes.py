@@ -65,6 +65,10 @@ def test_example_workflow_matches_input_types(path):
         assert len(node["widgets_values"]) == len(names) + extra, node["type"]
         assert {i["name"] for i in node["inputs"]} >= set(names)
     api = runner.ui_to_api(wf)
+    assert api["1"]["inputs"]["model_path"] == api["2"]["inputs"]["model_path"] == "/models/MiniMax-H3"  # real default
+    with pytest.raises(runner.WorkflowError, match="choose 'tiny-random'"):
+        runner.check_prompt(api)  # without the weights: one sentence that shows the way to try it anyway
+    runner.apply_overrides(api, runner.TINY, [])
     order = runner.check_prompt(api)
     assert order.index("3") < order.index("5") < order.index("6") < order.index("7")
 
@@ -180,6 +184,12 @@ def test_interrupt_during_denoise_stops_b_and_next_run_works(local_host, executo
     assert ok.payload.latents.shape == (1, 24, 37, 4, 4)
 
 
+def _tiny_api() -> dict:
+    api, _ = runner.load_workflow(EXAMPLES[0])
+    runner.apply_overrides(api, runner.TINY, [])
+    return api
+
+
 def test_runner_rejects_unknown_nodes_and_missing_links(tmp_path):
     wf = json.loads(EXAMPLES[0].read_text())
     wf["nodes"].append({"id": 99, "type": "KSamplerAdvanced", "inputs": [], "outputs": [], "widgets_values": []})
@@ -187,15 +197,15 @@ def test_runner_rejects_unknown_nodes_and_missing_links(tmp_path):
     bad.write_text(json.dumps(wf))
     with pytest.raises(runner.WorkflowError, match="KSamplerAdvanced"):
         runner.load_workflow(bad)
-    api, _ = runner.load_workflow(EXAMPLES[0])
+    api = _tiny_api()
     del api["5"]["inputs"]["conditioning"]
     with pytest.raises(runner.WorkflowError, match=r"node 5 \(H3RemoteDenoise\) is missing input 'conditioning'"):
         runner.check_prompt(api)
-    api, _ = runner.load_workflow(EXAMPLES[0])
+    api = _tiny_api()
     api["3"]["inputs"]["width"] = 500
     with pytest.raises(runner.WorkflowError, match="width 500 is not a multiple of 32; nearest valid: 480 or 512"):
         runner.check_prompt(api)
-    api, _ = runner.load_workflow(EXAMPLES[0])
+    api = _tiny_api()
     api["6"]["inputs"]["latents"] = ["3", 0]
     with pytest.raises(runner.WorkflowError, match="expects H3_LATENTS but is linked to a H3_CONDITIONING"):
         runner.check_prompt(api)
@@ -210,13 +220,49 @@ def test_cli_run_reports_bad_workflow_clearly(tmp_path):
 
 
 def test_validate_inputs_messages():
-    from comfy_h3_nodes.nodes import H3RemoteDenoise, H3RemoteDiT, H3TextEncode
+    from comfy_h3_nodes.engine.request import RequestError, check_cluster_address
+    from comfy_h3_nodes.nodes import H3LoRA, H3RemoteDenoise, H3RemoteDiT, H3TextEncode
 
-    assert H3TextEncode.VALIDATE_INPUTS(width=832, height=480, num_frames=124, prompt="x") is True
-    assert "nearest valid: 832 or 864" in H3TextEncode.VALIDATE_INPUTS(width=840, height=480, num_frames=124)
-    assert "nearest valid: 345" in H3TextEncode.VALIDATE_INPUTS(width=832, height=480, num_frames=400)
-    assert "nearest valid: 1" in H3RemoteDenoise.VALIDATE_INPUTS(seed=0, steps=0)
-    assert "host:port" in H3RemoteDiT.VALIDATE_INPUTS(cluster_address="nowhere", actor_name="h3_dit")
+    assert H3TextEncode.VALIDATE_INPUTS(width=832, height=480) is True
+    assert "nearest valid: 832 or 864" in H3TextEncode.VALIDATE_INPUTS(width=840, height=480)
+    assert "nearest valid: 1" in H3RemoteDenoise.VALIDATE_INPUTS(steps=0)
+    assert "-10..10" not in str(H3LoRA.VALIDATE_INPUTS(lora_path="/b/x.safetensors"))
+    assert "not a .safetensors" in H3LoRA.VALIDATE_INPUTS(lora_path="/b/x.bin")
+    assert H3LoRA.VALIDATE_INPUTS(lora_path="tiny-random") is True
+    assert "tiny-random" in H3RemoteDiT.VALIDATE_INPUTS(model_path=" ")
+    with pytest.raises(RequestError, match="host:port"):
+        check_cluster_address("nowhere")
+    assert check_cluster_address(" 10.0.0.1:6379 ") == "10.0.0.1:6379" and check_cluster_address("local") == "local"
+
+
+# ComfyUI shows a VALIDATE_INPUTS message on every input the method names (one error per named input): so each names
+# only the inputs its messages are about. Ranges ComfyUI checks itself (seed, strength, num_frames) stay unnamed.
+VALIDATED = {"H3LoadEncoders": {"model_path"}, "H3RemoteDiT": {"model_path"}, "H3LoRA": {"lora_path"},
+             "H3TextEncode": {"width", "height"}, "H3RemoteDenoise": {"steps"}}
+
+
+@pytest.mark.parametrize("name", sorted(VALIDATED))
+def test_validate_inputs_name_only_the_inputs_their_messages_are_about(name):
+    import inspect
+
+    cls = NODE_CLASS_MAPPINGS[name]
+    assert set(inspect.signature(cls.VALIDATE_INPUTS).parameters) == VALIDATED[name]
+    specs = runner.input_specs(cls)
+    for unnamed in ("seed", "strength", "num_frames"):
+        if unnamed in specs:
+            opts = specs[unnamed][1]
+            assert "min" in opts and "max" in opts  # ComfyUI's own range check covers it
+
+
+def test_bad_value_of_an_unnamed_input_is_caught_by_the_range_check():
+    api = _tiny_api()
+    api["3"]["inputs"]["num_frames"] = 400
+    with pytest.raises(runner.WorkflowError, match=r"'num_frames' is 400; it must be within 124..345"):
+        runner.check_prompt(api)
+    api["3"]["inputs"]["num_frames"] = 124
+    api["5"]["inputs"]["steps"] = 0  # named by VALIDATE_INPUTS: our own sentence
+    with pytest.raises(runner.WorkflowError, match="nearest valid: 1"):
+        runner.check_prompt(api)
 
 
 def test_status_and_timings_routes(local_host, executor, runs):

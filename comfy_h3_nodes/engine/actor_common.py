@@ -17,7 +17,7 @@ from . import wire
 log = logging.getLogger("comfy_h3")
 
 #: Environment variables the executor forwards to both actors (read there before any model import).
-FORWARDED_ENV = ("H3_PROFILE", "H3_MAX_PAYLOAD_BYTES", "DIFFUSERS_ATTN_BACKEND", "HF_HUB_OFFLINE",
+FORWARDED_ENV = ("H3_PROFILE", "H3_MAX_PAYLOAD_BYTES", "DIFFUSERS_ATTN_BACKEND", "HF_HUB_OFFLINE", "H3_CACHE",
                  "OMP_NUM_THREADS", "H3_LOG_LEVEL")
 
 

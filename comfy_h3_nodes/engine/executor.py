@@ -26,9 +26,11 @@ from typing import Callable, Iterable
 import ray
 
 from . import actor_common as common
+from . import catalog
 from . import cluster as cl
 from .a_side import ASide, DecodedMedia
 from .actor_common import FORWARDED_ENV, unwrap_ray_error
+from .backends import BACKENDS
 from .request import H3Request, validate_request
 from .timing import StageRecord, TimingLog
 
@@ -67,6 +69,8 @@ class SideConfig:
 @dataclass
 class BConfig(SideConfig):
     partition: str = "transformer"
+    #: storage precision of the transformer on B: "auto" (dtype; GGUF as stored), "bf16", "fp8", "gguf"
+    precision: str = "auto"
     name: str = "h3_dit"
     namespace: str = cl.NAMESPACE
     allow_swap: bool = True
@@ -161,6 +165,7 @@ class H3Executor:
         self.local_a = local_a
         self.clock_offset_s = 0.0  # B's clock minus this machine's, measured at every health check
         self.last_health: dict | None = None
+        self.last_reconfigure = ""  # what the last reconcile_b_config changed on B ("" = nothing)
         self.a_max_restarts = -1  # a killed A actor comes back (reloading its models); requests in flight fail
         self._local_started = time.time()
         self.a = self.b = None
@@ -210,7 +215,7 @@ class H3Executor:
         ).remote(asdict(self.b_config))
         self._verify_placement()
         health = self.check_health()
-        self._check_b_config(health["B"])
+        self.reconcile_b_config(health["B"])
         return self
 
     def _measure_clock(self, bound: float, rounds: int = 3) -> tuple[float, float]:
@@ -224,19 +229,45 @@ class H3Executor:
                 best = (tb - (t0 + t1) / 2, t1 - t0)
         return best
 
-    def _check_b_config(self, b: dict) -> None:
-        """A named B actor found running must serve the model and dtype this caller asked for."""
-        want = self.b_config
-        problems = []
-        if want.model_dir and os.path.realpath(want.model_dir) != os.path.realpath(b["model_dir"]):
-            problems.append(f"model {b['model_dir']} (asked: {want.model_dir})")
-        if b["dtype"] != want.dtype:
-            problems.append(f"dtype {b['dtype']} (asked: {want.dtype})")
-        if problems:
+    def b_config_changes(self, b: dict) -> dict:
+        """The load-time settings of this caller that the running B (its ``health``) does not serve: ``{key: new}``.
+
+        The partition is not one of them: B swaps to the partition each workflow needs, per request, and every
+        denoise record says which partition ran."""
+        want, changes = self.b_config, {}
+        if want.model_dir and not catalog.same_model(want.model_dir, b.get("model") or b["model_dir"]):
+            changes["model_dir"] = want.model_dir
+        if want.dtype != b["dtype"]:
+            changes["dtype"] = want.dtype
+        if BACKENDS.get(want.attention_backend, (want.attention_backend,))[0] != b["attention_backend"]:
+            changes["attention_backend"] = want.attention_backend
+        return changes
+
+    def reconcile_b_config(self, b: dict) -> dict:
+        """One rule for every setting: a running B that serves other settings than this caller asked for is
+        reconfigured to them (queued behind its running requests, then a reload) and the change is reported in
+        ``last_reconfigure``; if B cannot apply them, one sentence names both values and the fix. Returns B's health."""
+        changes = self.b_config_changes(b)
+        self.last_reconfigure = ""
+        if not changes:
+            return b
+        names = {"model_dir": "model", "dtype": "dtype", "attention_backend": "attention backend"}
+        have = {"model_dir": b.get("model") or b["model_dir"], "dtype": b["dtype"],
+                "attention_backend": b.get("attention_choice") or b["attention_backend"]}
+        desc = ", ".join(f"{names[k]} {have[k]} -> {v}" for k, v in changes.items())
+        log.info("B actor %r serves other settings; reconfiguring it: %s", self.b_config.name, desc)
+        try:
+            done = ray.get(self.b.reconfigure.remote(changes), timeout=self.timeouts.start)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise H3Timeout(f"B did not finish reconfiguring ({desc}) within {self.timeouts.start:.0f} s.") from exc
+        except ray.exceptions.RayError as exc:
             raise H3Error(
-                f"the B actor {want.name!r} is already running with {' and '.join(problems)}; set the node to match, "
-                f"or stop it (`python -m remote_worker stop --name {want.name}`) so it restarts with these settings."
-            )
+                f"the B actor {self.b_config.name!r} serves {desc.replace(' -> ', ' and this node asks for ')}, and "
+                f"could not switch: {_first_line(unwrap_ray_error(exc))}. Set the node to what B serves, or fix the "
+                "cause above."
+            ) from None
+        self.last_reconfigure = f"{desc} ({done['seconds']:.1f} s)"
+        return self.check_health()["B"]
 
     def attach_b(self, name: str, namespace: str = cl.NAMESPACE):
         """Use an already running, named B actor (started by ``remote_worker setup`` or another driver)."""

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .catalog import TINY
+
 FPS = 24
 MIN_SECONDS, MAX_SECONDS = 5.0, 15.0
 CANVAS_MULTIPLE = 32
@@ -132,6 +134,14 @@ def check_canvas(height: Any, width: Any) -> tuple[int | None, int | None]:
     return int(height), int(width)
 
 
+def check_cluster_address(address: Any) -> str:
+    """``local`` or ``host:port``, stripped."""
+    addr = address.strip() if isinstance(address, str) else ""
+    if addr != "local" and (":" not in addr or not addr.rsplit(":", 1)[1].isdigit() or not addr.rsplit(":", 1)[0]):
+        raise RequestError(f"cluster_address {address!r} must be 'local' or host:port (e.g. 192.168.100.1:6379).")
+    return addr
+
+
 def check_steps(steps: Any) -> int:
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
         raise RequestError(f"steps is {steps!r}; it must be a whole number between 1 and {MAX_STEPS}.")
@@ -233,7 +243,7 @@ def check_adapters(adapters: Any) -> tuple:
         path, weight = item
         if not isinstance(path, str) or not path.strip():
             raise RequestError(f"adapters[{i}] path is {path!r}; give the LoRA file's path on machine B.")
-        if not path.endswith(".safetensors"):
+        if path.strip() != TINY and not path.endswith(".safetensors"):
             raise RequestError(f"adapter {path!r} is not a .safetensors file; LoRA adapters load from safetensors only.")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
                 or abs(weight) > 10:

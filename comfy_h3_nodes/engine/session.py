@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from . import catalog
 from . import cluster as cl
 from .timing import TimingLog
 
@@ -18,6 +19,10 @@ _lock = threading.RLock()
 TIMINGS = TimingLog()
 _encoders: dict[tuple, object] = {}
 _executors: dict[tuple, object] = {}
+#: what machine B reported it has (its model pickers' choices), from the last connection
+B_MODELS: list[str] = []
+#: A's model roots, which B searches too when it has none (the embedded cluster: B is this machine); set by the nodes
+A_MODEL_ROOTS: list[str] = []
 
 
 @dataclass
@@ -77,9 +82,30 @@ def adopt_cluster(address: str) -> None:
         CLUSTER.mode, CLUSTER.address, CLUSTER.embedded, CLUSTER.started = "local", address, None, time.time()
 
 
+def b_model_choices() -> list[str]:
+    """The choices of H3RemoteDiT's model picker: what B reported at the last connection, and ``tiny-random``."""
+    with _lock:
+        return list(dict.fromkeys([*B_MODELS, catalog.TINY]))
+
+
+def refresh_b_models(ex) -> list[str]:
+    """Ask B which models it has (bounded); keeps the last answer when B does not give one."""
+    import ray
+
+    try:
+        found = ray.get(ex.b.models.remote(list(A_MODEL_ROOTS) if CLUSTER.mode == "local" else None),
+                        timeout=ex.timeouts.health)["models"]
+    except Exception:  # noqa: BLE001 - the picker keeps its last list; health errors are reported elsewhere
+        return b_model_choices()
+    with _lock:
+        B_MODELS[:] = found
+    return b_model_choices()
+
+
 def dit(address: str, name: str, namespace: str, model_path: str, partition: str = "transformer",
         dtype: str = "bfloat16", attention_backend: str = "sdpa", timeouts=None, threads: int | None = None):
-    """An executor (A in this process) bound to the named B actor; started, topology and health checked."""
+    """An executor (A in this process) bound to the named B actor; started, topology and health checked, B's
+    settings reconciled with these (see ``H3Executor.reconcile_b_config``) and B's model list refreshed."""
     from .executor import BConfig, H3Executor, SideConfig
 
     ensure_cluster(address)
@@ -91,10 +117,13 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
             ex = None
         if ex is not None:
             try:
-                ex.check_health()
-                return ex
+                health = ex.check_health()
             except Exception:  # noqa: BLE001 - the B actor or its node went away: rebuild once, below
                 _drop(key)
+            else:
+                ex.reconcile_b_config(health["B"])  # another caller may have reconfigured B since
+                refresh_b_models(ex)
+                return ex
         ex = H3Executor(SideConfig(""), BConfig(str(model_path), partition=partition, dtype=dtype,
                                                 attention_backend=attention_backend, name=name,
                                                 namespace=namespace, threads=threads),
@@ -102,6 +131,7 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
         ex.start()
         ex._cluster_started = CLUSTER.started
         _executors[key] = ex
+        refresh_b_models(ex)
         return ex
 
 
@@ -119,7 +149,8 @@ def status(timeout: float = 5.0) -> dict:
     import sys
 
     out = {"connected": False, "cluster": {"mode": CLUSTER.mode or None, "address": CLUSTER.address or None},
-           "nodes": [], "actors": [], "error": None, "time": time.time()}
+           "nodes": [], "actors": [], "error": None, "time": time.time(),
+           "models": {"A": catalog.choices(A_MODEL_ROOTS), "B": b_model_choices()}}
     if "ray" not in sys.modules:
         out["error"] = "not connected: run a graph with an H3RemoteDiT node to join the cluster"
         return out

@@ -42,6 +42,7 @@ class StageRecord:
     load_s: float = 0.0
     note: str = ""
     clock_offset_s: float = 0.0  # the measuring machine's clock minus A's (estimated); 0 on A
+    info: dict = field(default_factory=dict)  # what really ran (B's denoise: model, partition, dtype, attention)
 
     @property
     def total_bytes(self) -> int:

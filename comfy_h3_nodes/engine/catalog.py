@@ -1,0 +1,138 @@
+"""Which MiniMax-H3 models a machine has: the choices its model pickers offer, and what each choice resolves to.
+
+A choice is either ``tiny-random`` or a path. ``tiny-random`` is the pack's tiny random checkpoint (real diffusers
+classes, nothing downloaded), generated on first use into the pack's cache on the machine that resolves it: A builds
+its own for ``H3LoadEncoders``, B builds its own for the DiT actor. Any other choice is a path, used as given (a typed
+path still works); :func:`find_models` lists the diffusers folders (those holding ``modular_model_index.json``) under
+a machine's model roots, which is what the pickers show.
+
+Used by both sides (A's nodes, B's actor); it knows nothing of ComfyUI: the host adapter says which folders are A's
+model roots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Iterable
+
+from .split import MODEL_INDEX
+
+TINY = "tiny-random"
+TINY_SEED = 0
+#: how deep under a model root a checkpoint folder may sit (``root/MiniMax-H3``, ``root/vendor/MiniMax-H3``)
+SEARCH_DEPTH = 2
+
+
+def cache_root() -> pathlib.Path:
+    return pathlib.Path(os.environ.get("H3_CACHE", pathlib.Path.home() / ".cache" / "comfy-h3"))
+
+
+def is_tiny(choice) -> bool:
+    return isinstance(choice, str) and choice.strip() == TINY
+
+
+def tiny_checkpoint_dir(announce=print) -> pathlib.Path:
+    """The tiny random checkpoint (the one ``make demo`` uses), generated on first use.
+
+    Safe when several processes ask at once (A and B of the embedded cluster share one machine): one builds it under
+    a lock into a temporary folder and renames it into place, the others wait for the lock and reuse it.
+    """
+    root = cache_root()
+    path = root / f"tiny-h3-seed{TINY_SEED}"
+    if (path / MODEL_INDEX).is_file():
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root / ".tiny.lock"):
+        if (path / MODEL_INDEX).is_file():
+            return path
+        from ..tiny_checkpoint import build_tiny_checkpoint
+
+        if announce is not None:
+            announce(f"[comfy-h3] generating the tiny random checkpoint in {path} (first use, a few seconds)")
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=root))
+        try:
+            build_tiny_checkpoint(tmp / "ckpt", seed=TINY_SEED)
+            if path.exists():  # a broken earlier build (no index): replace it
+                shutil.rmtree(path)
+            os.replace(tmp / "ckpt", path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def tiny_lora_path(announce=print) -> pathlib.Path:
+    """A tiny random 4-step LoRA for the tiny model (the ``tiny-random`` choice of H3LoRA), built on first use."""
+    root = cache_root()
+    path = root / f"tiny-h3-lora-seed{TINY_SEED}.safetensors"
+    if path.is_file():
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root / ".tiny.lock"):
+        if not path.is_file():
+            from ..tiny_checkpoint import build_tiny_lora
+
+            if announce is not None:
+                announce(f"[comfy-h3] generating the tiny random LoRA {path} (first use)")
+            tmp = root / f".{path.name}.{os.getpid()}.safetensors"
+            build_tiny_lora(tmp, seed=TINY_SEED, steps=4)
+            os.replace(tmp.with_suffix(".json"), path.with_suffix(".json"))
+            os.replace(tmp, path)
+    return path
+
+
+@contextlib.contextmanager
+def _file_lock(path: pathlib.Path):
+    import fcntl
+
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def resolve(choice: str, announce=print) -> str:
+    """The folder a picker choice names: ``tiny-random`` is built on first use; a path is returned as typed."""
+    if is_tiny(choice):
+        return str(tiny_checkpoint_dir(announce))
+    return os.path.expanduser(str(choice).strip())
+
+
+def find_models(roots: Iterable[str | os.PathLike], depth: int = SEARCH_DEPTH) -> list[str]:
+    """Every diffusers MiniMax-H3 folder (one holding ``modular_model_index.json``) under ``roots``, at most
+    ``depth`` levels down, as sorted absolute paths. Missing or unreadable roots are skipped; nothing is loaded."""
+    found: set[str] = set()
+    for root in roots:
+        base = pathlib.Path(os.path.expanduser(str(root)))
+        if not base.is_dir():
+            continue
+        level = [base]
+        for _ in range(depth + 1):
+            nxt = []
+            for d in level:
+                try:
+                    if (d / MODEL_INDEX).is_file():
+                        found.add(str(d.absolute()))
+                        continue  # a checkpoint's own subfolders are its components
+                    nxt.extend(c for c in d.iterdir() if c.is_dir() and not c.name.startswith("."))
+                except OSError:
+                    continue
+            level = nxt
+    return sorted(found)
+
+
+def choices(roots: Iterable[str | os.PathLike]) -> list[str]:
+    """What a model picker offers: the models found under ``roots``, then ``tiny-random``."""
+    return [*find_models(roots), TINY]
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two choices name the same model (``tiny-random`` only equals itself; paths compare resolved)."""
+    if is_tiny(a) or is_tiny(b):
+        return is_tiny(a) and is_tiny(b)
+    return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))

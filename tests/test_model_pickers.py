@@ -1,0 +1,222 @@
+"""Model pickers and the ``tiny-random`` choice: what A and B list, what a choice resolves to, one rule for settings
+a running B does not serve (it is reconfigured, or one sentence names both values), and what really ran per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import threading
+
+import pytest
+
+from comfy_h3_nodes import nodes as N
+from comfy_h3_nodes import runner
+from comfy_h3_nodes.engine import catalog, session
+from comfy_h3_nodes.host import LocalHost, set_host
+from conftest import PROMPT
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _fake_model(folder: pathlib.Path) -> pathlib.Path:
+    folder.mkdir(parents=True)
+    (folder / "modular_model_index.json").write_text("{}")
+    (folder / "transformer").mkdir()
+    (folder / "transformer" / "modular_model_index.json").write_text("{}")  # inside a checkpoint: not listed
+    return folder
+
+
+def test_find_models_lists_checkpoint_folders_under_the_roots(tmp_path):
+    a = _fake_model(tmp_path / "root1" / "MiniMax-H3")
+    b = _fake_model(tmp_path / "root1" / "vendor" / "FastH3-v1")
+    _fake_model(tmp_path / "root1" / "x" / "y" / "too-deep")
+    (tmp_path / "root1" / "not-a-model").mkdir()
+    c = _fake_model(tmp_path / "root2" / "Other")
+    found = catalog.find_models([tmp_path / "root1", tmp_path / "root2", tmp_path / "missing"])
+    assert found == sorted([str(a), str(b), str(c)])
+    assert catalog.choices([tmp_path / "root2"]) == [str(c), catalog.TINY]
+    assert catalog.choices([]) == [catalog.TINY]
+
+
+def test_load_encoders_picker_lists_a_model_folders_and_tiny(tmp_path, monkeypatch):
+    model = _fake_model(tmp_path / "diffusers" / "MiniMax-H3")
+    monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "diffusers"))
+    set_host(LocalHost())
+    choices, opts = N.H3LoadEncoders.INPUT_TYPES()["required"]["model_path"]
+    assert choices == [str(model), catalog.TINY] and opts["default"] == str(model)
+    monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "none"))
+    choices, opts = N.H3LoadEncoders.INPUT_TYPES()["required"]["model_path"]
+    assert choices == [catalog.TINY] and opts["default"] == catalog.TINY  # a newcomer's new node just works
+
+
+def test_a_model_path_is_checked_and_points_at_tiny_random(tmp_path, tiny_ckpt):
+    assert N.H3LoadEncoders.VALIDATE_INPUTS(model_path=catalog.TINY) is True
+    assert N.H3LoadEncoders.VALIDATE_INPUTS(model_path=str(tiny_ckpt)) is True  # a typed path still works
+    msg = N.H3LoadEncoders.VALIDATE_INPUTS(model_path="/models/MiniMax-H3")
+    assert "/models/MiniMax-H3 does not exist" in msg and "choose 'tiny-random'" in msg
+    msg = N.H3LoadEncoders.VALIDATE_INPUTS(model_path=str(tmp_path))
+    assert "no modular_model_index.json" in msg and "tiny-random" in msg
+
+
+def test_runner_accepts_a_typed_path_for_a_picker_and_refuses_a_missing_one(tiny_ckpt):
+    api = runner.ui_to_api(json.loads((ROOT / "example_workflows" / "h3_t2va.json").read_text()))
+    api["1"]["inputs"]["model_path"] = str(tiny_ckpt)  # not among the choices: like an API prompt
+    api["2"]["inputs"]["model_path"] = "/somewhere/on/B"
+    runner.check_prompt(api)
+    api["1"]["inputs"]["model_path"] = "/models/MiniMax-H3"  # what the templates ship: clear error, the way out
+    with pytest.raises(runner.WorkflowError, match="does not exist.*choose 'tiny-random'"):
+        runner.check_prompt(api)
+
+
+def test_tiny_random_is_built_once_when_asked_concurrently(tmp_path, monkeypatch):
+    monkeypatch.setenv("H3_CACHE", str(tmp_path / "cache"))
+    said, paths, errors = [], [], []
+
+    def ask():
+        try:
+            paths.append(catalog.resolve(catalog.TINY, announce=said.append))
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and len(paths) == 2 and paths[0] == paths[1]
+    assert len(said) == 1 and "generating the tiny random checkpoint" in said[0]
+    assert (pathlib.Path(paths[0]) / "modular_model_index.json").is_file()
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == ["tiny-h3-seed0"]
+    assert catalog.resolve(catalog.TINY, announce=said.append) == paths[0] and len(said) == 1  # reused
+
+
+# ------------------------------------------------------------------------------------------------ B side, live
+
+
+@pytest.fixture(scope="module")
+def local_host(ray_cluster):
+    session.adopt_cluster(ray_cluster.address)
+    h = LocalHost()
+    set_host(h)
+    return h
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(tmp_path_factory, tiny_ckpt):
+    """``tiny-random`` on both sides resolves into this cache (forwarded to the actors), prefilled with the session's
+    tiny checkpoint so no test pays for a build."""
+    cache = tmp_path_factory.mktemp("h3cache")
+    os.symlink(tiny_ckpt, cache / "tiny-h3-seed0")
+    old = os.environ.get("H3_CACHE")
+    os.environ["H3_CACHE"] = str(cache)
+    yield cache
+    if old is None:
+        os.environ.pop("H3_CACHE", None)
+    else:
+        os.environ["H3_CACHE"] = old
+
+
+def _connect(name, model="tiny-random", dtype="float32", backend="sdpa", partition="transformer"):
+    return N.H3RemoteDiT().connect("local", name, "comfy_h3", model, partition, dtype, backend)
+
+
+def test_tiny_random_on_both_sides_runs_and_b_lists_its_models(local_host, tiny_cache, tmp_path):
+    import ray
+
+    extra = _fake_model(tmp_path / "diffusers" / "Mine")
+    session.A_MODEL_ROOTS[:] = []
+    os.environ["H3_MODEL_DIRS"] = str(tmp_path / "diffusers")
+    try:
+        out = _connect("h3_dit_pick")
+    finally:
+        os.environ.pop("H3_MODEL_DIRS")
+    ex = out["result"][0]
+    try:
+        summary = out["ui"]["h3_timing"][0]["summary"]
+        # the embedded cluster's B has no model roots of its own: it searched A's, and offers tiny-random
+        assert summary["b_models"] == [str(extra), catalog.TINY]
+        assert N.H3RemoteDiT.INPUT_TYPES()["required"]["model_path"][0] == [str(extra), catalog.TINY]
+        assert session.status()["models"]["B"] == [str(extra), catalog.TINY]
+        h = ray.get(ex.b.health.remote(), timeout=10)
+        assert h["model"] == catalog.TINY and h["model_dir"] == os.path.realpath(tiny_cache / "tiny-h3-seed0")
+        enc = N.H3LoadEncoders().load(catalog.TINY, "float32", "sdpa")["result"][0]
+        assert str(enc.model_dir) == os.path.realpath(tiny_cache / "tiny-h3-seed0")
+        cond = N.H3TextEncode().encode(enc, PROMPT, 64, 64, 124)["result"][0]
+        res = asyncio.run(N.H3RemoteDenoise().denoise(ex, cond, 3, 3, unique_id="5"))
+        ran = res["ui"]["h3_timing"][0]["summary"]["ran"]
+        assert ran["model"] == catalog.TINY and ran["partition"] == "transformer" and ran["dtype"] == "float32"
+    finally:
+        ray.kill(ex.b, no_restart=True)
+
+
+def test_a_setting_b_does_not_serve_is_applied_and_shown(local_host, tiny_cache, tiny_ckpt):
+    """dtype and model differ from the running B: B is reconfigured, the node says so, the next request runs on it."""
+    import ray
+
+    first = _connect("h3_dit_reconf")["result"][0]
+    try:
+        pid = ray.get(first.b.health.remote(), timeout=10)["pid"]
+        out = _connect("h3_dit_reconf", model=str(tiny_ckpt), dtype="bfloat16")
+        ex = out["result"][0]
+        summary = out["ui"]["h3_timing"][0]["summary"]
+        assert "dtype float32 -> bfloat16" in summary["reconfigured"]
+        assert f"model tiny-random -> {tiny_ckpt}" in summary["reconfigured"]
+        assert "B reconfigured: " in out["ui"]["h3_timing"][0]["stages"][0]["note"]
+        h = ray.get(ex.b.health.remote(), timeout=10)
+        assert h["pid"] == pid and h["dtype"] == "bfloat16" and h["model"] == str(tiny_ckpt)  # same actor, reloaded
+        assert ex.b_config_changes(h) == {}
+        enc = N.H3LoadEncoders().load(str(tiny_ckpt), "bfloat16", "sdpa")["result"][0]
+        cond = N.H3TextEncode().encode(enc, PROMPT, 64, 64, 124)["result"][0]
+        res = asyncio.run(N.H3RemoteDenoise().denoise(ex, cond, 1, 3, unique_id="5"))
+        assert res["ui"]["h3_timing"][0]["summary"]["ran"]["dtype"] == "bfloat16"
+        # the first node's settings again: reconciled on reuse too (its executor is cached)
+        again = _connect("h3_dit_reconf")
+        assert "dtype bfloat16 -> float32" in again["ui"]["h3_timing"][0]["summary"]["reconfigured"]
+    finally:
+        ray.kill(first.b, no_restart=True)
+
+
+def test_a_setting_b_cannot_apply_is_one_sentence_with_both_values(local_host, tiny_cache):
+    """flash attention on a CPU-only B: refused with both values and the fix; B keeps serving what it had."""
+    import ray
+
+    from comfy_h3_nodes.engine.executor import H3Error
+
+    ex = _connect("h3_dit_noflash")["result"][0]
+    try:
+        with pytest.raises(H3Error) as err:
+            _connect("h3_dit_noflash", backend="flash")
+        msg = str(err.value)
+        assert "serves attention backend sdpa and this node asks for flash" in msg
+        assert "Set the node to what B serves" in msg and "\n" not in msg
+        h = ray.get(ex.b.health.remote(), timeout=10)
+        assert h["attention_choice"] == "sdpa" and h["ok"]
+        assert _connect("h3_dit_noflash")["ui"]["h3_timing"][0]["summary"]["reconfigured"] is None
+    finally:
+        ray.kill(ex.b, no_restart=True)
+
+
+def test_readout_says_which_partition_ran(local_host, tiny_cache, media):
+    """ref2va on a B that holds ``transformer``: the denoise readout names transformer_ref and the swap."""
+    import ray
+
+    out = _connect("h3_dit_part")
+    ex = out["result"][0]
+    try:
+        assert out["ui"]["h3_timing"][0]["summary"]["partition"] == "transformer"
+        enc = N.H3LoadEncoders().load(catalog.TINY, "float32", "sdpa")["result"][0]
+        refs = N.References([media["ref"]], media["audio"])
+        cond = N.H3TextEncode().encode(enc, PROMPT, 64, 64, 124, references=refs)["result"][0]
+        res = asyncio.run(N.H3RemoteDenoise().denoise(ex, cond, 3, 3, unique_id="5"))
+        timing = res["ui"]["h3_timing"][0]
+        ran = timing["summary"]["ran"]
+        assert ran["partition"] == "transformer_ref" and "transformer_ref" in ran["resident"]
+        # B swapped (one partition resident) or held both (the memory plan allowed it); the readout says which
+        assert ("swapped partition" in timing["summary"]["schedule"]) == (ran["swapped_s"] > 0)
+        host = ray.get(ex.b.health.remote(), timeout=10)["hostname"]
+        assert {r["node"] for r in timing["stages"]} == {host}  # machines named by host name, as A's own nodes
+    finally:
+        ray.kill(ex.b, no_restart=True)
