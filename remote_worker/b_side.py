@@ -1,9 +1,14 @@
 """The B side: the resident MiniMax-H3 DiT running every ``denoise.*`` block of diffusers, one request at a time.
 
-B loads only one transformer partition (``transformer`` for t2va/fl2va, ``transformer_ref`` for ref2va) plus the two
-schedulers. Both partitions together do not fit one Spark next to activations, so B holds one at a time; a request
-for the other swaps it and the swap is recorded (and reported) as a load. The schedulers are stateful: ``denoise``
-holds a lock for the whole request.
+B loads the transformer partitions (``transformer`` for t2va/fl2va, ``transformer_ref`` for ref2va) plus the two
+schedulers. Each partition comes from the diffusers folder, a published single-file ``.safetensors`` or an unpruned
+``.gguf`` (:mod:`comfy_h3_nodes.engine.formats` tells which, from headers only), and is stored at a precision: the load
+dtype (``bf16``), ``fp8`` (diffusers' layerwise casting: fp8 storage, compute at the load dtype) or as stored
+(``gguf``). Before anything loads, the memory plan (:mod:`comfy_h3_nodes.engine.memory_plan`) decides the residency:
+both partitions when they fit next to the working memory (a ref2va after a t2va then loads nothing), else one at a
+time, where a request for the other swaps it and the swap is recorded (and reported) as a load; a plan where not even
+one fits is refused with the numbers and the options that fit. The schedulers are stateful: ``denoise`` holds a lock
+for the whole request.
 
 Per-step reporting and cancellation are two small loop blocks inserted around diffusers' own ``denoiser`` and
 ``update`` loop blocks; they cost microseconds per step.
@@ -17,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from comfy_h3_nodes.engine import split, wire
+from comfy_h3_nodes.engine import formats, memory_plan, split, wire
 from comfy_h3_nodes.engine.backends import apply_attention_backend, resolve_attention_backend
 from comfy_h3_nodes.engine.profiling import maybe_profile
 
@@ -124,34 +129,128 @@ class DenoiseResult:
 
 
 class BSide:
-    """The resident DiT. ``denoise`` serves one request at a time."""
+    """The resident DiT. ``denoise`` serves one request at a time.
+
+    ``sources`` maps a partition to a ``.safetensors``/``.gguf`` file (or a diffusers folder) that replaces
+    ``<model_dir>/<partition>/``; the folder still provides the schedulers and, when it has one, the transformer
+    config. ``precision``: ``auto`` (the load dtype; as stored for GGUF), ``bf16``, ``fp8`` or ``gguf``.
+    ``residency``: ``auto`` (both partitions when the plan fits them, else one), ``both`` (refused unless it fits) or
+    ``one``. ``memory_limit_bytes`` replaces the measured free memory in the plan (tests; else
+    ``H3_MEMORY_LIMIT_BYTES``); ``plan_canvas`` is the (height, width, frames) working memory is budgeted for."""
 
     def __init__(self, model_dir: str | os.PathLike, partition: str = "transformer", dtype: str = "bfloat16",
                  attention_backend: str = "sdpa", device: str | None = None, allow_swap: bool = True,
-                 path_check: Callable | None = None):
+                 path_check: Callable | None = None, precision: str = "auto", residency: str = "auto",
+                 sources: dict | None = None, memory_limit_bytes: int | None = None,
+                 plan_canvas: tuple | None = None):
         import torch
 
         self._torch = torch
         self.attention_backend = resolve_attention_backend(attention_backend)
         self.device = split.pick_device(device)
+        if precision == "bf16":
+            dtype = "bfloat16"
         self.dtype = dtype
         self.allow_swap = allow_swap
-        self.model_dir = split.check_model_dir(model_dir, split.b_components(partition))
+        if residency not in ("auto", "both", "one"):
+            raise ValueError(f"residency is {residency!r}; expected 'auto', 'both' or 'one'.")
+        split.b_components(partition)  # validates the name
+        sources = {k: v for k, v in (sources or {}).items() if v}
+        for name, path in sources.items():
+            split.b_components(name)
+            if path_check is not None:
+                path_check(path)
+        from_folder = () if partition in sources else (partition,)
+        self.model_dir = split.check_model_dir(model_dir, (*from_folder, *split.SCHEDULERS))
+        self.sources: dict[str, formats.TransformerSource] = {}
+        for name in split.PARTITIONS:
+            if name in sources:
+                self.sources[name] = formats.detect(sources[name], name, self.model_dir)
+            elif (self.model_dir / name).is_dir() and any((self.model_dir / name).iterdir()):
+                self.sources[name] = formats.detect(self.model_dir, name)
+        for name, src in self.sources.items():
+            if src.kind == "folder" and src.path != self.model_dir / name:
+                raise formats.FormatError(f"{src.path} is a diffusers transformer folder outside {self.model_dir}: "
+                                          f"put it there as {name}/, or give a single file.")
+        self.precision = memory_plan.resolve_precision(precision, self.sources[partition])
+        self.memory_plan = self._plan(partition, residency, memory_limit_bytes,
+                                      tuple(plan_canvas) if plan_canvas else memory_plan.DEFAULT_CANVAS)
+        resident = tuple(c.name for c in self.memory_plan.components)
+        self.residency = "both" if len(resident) > 1 else "one"
         self._lock = threading.Lock()
         self._slot = MonitorSlot()
         self._pipes: dict[str, object] = {}
         self.load_records: list[split.LoadRecord] = []
-        loaded = split.load_checked(self.model_dir, split.b_components(partition), dtype, self.device)
-        self._host = loaded.host
-        self.load_records.extend(loaded.records)
-        self.partition = partition
-        apply_attention_backend(getattr(self._host, partition), self.attention_backend)
-        self.text_dim = int(getattr(self._host, partition).config.text_dim)
+        self._adapters: dict[str, AdapterManager] = {}
         self.path_check = path_check
-        self.adapters = AdapterManager(self._host, partition, path_check)
-        check_no_foreign_tensors(self.model_dir, partition, getattr(self._host, partition))
+        loaded = split.load_checked(self.model_dir, split.SCHEDULERS, dtype, self.device)
+        self._host = loaded.host
+        for name in resident:
+            self._load_partition(name, "startup")
+        self.load_records.extend(loaded.records)
+        self.resident_partitions: list[str] = list(resident)
+        self._activate(partition)
+
+    # ------------------------------------------------------------------------------------------------ plan
+    def _plan(self, partition: str, residency: str, limit: int | None, canvas: tuple) -> memory_plan.MemoryPlan:
+        """The plan B loads by, checked before anything loads: both partitions when asked or when ``auto`` finds
+        they fit, else the requested one (the swap stays)."""
+        other = next((p for p in split.PARTITIONS if p != partition and p in self.sources), None)
+
+        def plan(parts):
+            return memory_plan.plan_b(self.sources, parts, self.precision, self.dtype, self.device, canvas, limit)
+
+        if residency != "one" and other is not None and self.allow_swap:
+            both = plan((partition, other))
+            if both.fits or residency == "both":
+                return both.check()
+        return plan((partition,)).check()
+
+    def memory_report(self) -> dict:
+        """The plan B loaded by and what it really holds (health's ``memory_plan``)."""
+        report = self.memory_plan.to_dict()
+        report["precision"] = self.precision
+        report["residency"] = self.residency
+        report["resident_partitions"] = list(self.resident_partitions)
+        report["measured_bytes"] = self.resident_bytes()
+        report["sources"] = {p: {"kind": s.kind, "path": str(s.path)} for p, s in self.sources.items()}
+        return report
+
+    def resident_bytes(self) -> dict[str, int]:
+        """B's own accounting: bytes of the parameters and buffers of each resident transformer partition."""
+        out = {}
+        for name in self.resident_partitions:
+            model = getattr(self._host, name)
+            out[name] = int(sum(t.numel() * t.element_size()
+                                for t in (*model.parameters(), *model.buffers())))
+        return out
 
     # ------------------------------------------------------------------------------------------------ partitions
+    def _load_partition(self, partition: str, reason: str) -> None:
+        """Load one partition from its source at B's precision into the host pipeline, and record the load."""
+        t0 = time.perf_counter()
+        src = self.sources[partition]
+        if src.kind == "folder":
+            split.load_checked(self.model_dir, (partition,), self.dtype, self.device, reason=reason, host=self._host)
+            model = getattr(self._host, partition)
+            check_no_foreign_tensors(self.model_dir, partition, model)
+        else:
+            model = load_transformer_file(src, self.dtype, self.device)
+            self._host.update_components(**{partition: model})
+        if self.precision == "fp8":
+            model.enable_layerwise_casting(storage_dtype=self._torch.float8_e4m3fn,
+                                           compute_dtype=split.torch_dtype(self.dtype))
+        apply_attention_backend(model, self.attention_backend)
+        label = self.dtype if self.precision == "bf16" else f"{self.precision}/{self.dtype}"
+        self.load_records.append(split.LoadRecord(partition, time.perf_counter() - t0, label, reason))
+
+    def _activate(self, partition: str) -> None:
+        self.partition = partition
+        self.text_dim = int(getattr(self._host, partition).config.text_dim)
+        if partition not in self._adapters:
+            self._adapters[partition] = AdapterManager(self._host, partition, self.path_check)
+        self.adapters = self._adapters[partition]
+
     def _swap_to(self, partition: str) -> float:
         """Unload the resident partition and load ``partition``; returns the seconds it took."""
         if not self.allow_swap:
@@ -160,20 +259,17 @@ class BSide:
                 f"{partition!r}: start B with --partition {partition}."
             )
         t0 = time.perf_counter()
-        split.check_model_dir(self.model_dir, (partition,))
+        if partition not in self.sources:
+            split.check_model_dir(self.model_dir, (partition,))  # raises, naming the missing folder
         old = self.partition
         setattr(self._host, old, None)
+        self._adapters.pop(old, None)  # adapters lived on the old one
         self._pipes.clear()
         if self.device.startswith("cuda"):
             self._torch.cuda.empty_cache()
-        loaded = split.load_checked(self.model_dir, (partition,), self.dtype, self.device,
-                                    reason=f"swap {old} -> {partition}", host=self._host)
-        self.load_records.extend(loaded.records)
-        check_no_foreign_tensors(self.model_dir, partition, getattr(self._host, partition))
-        apply_attention_backend(getattr(self._host, partition), self.attention_backend)
-        self.partition = partition
-        self.text_dim = int(getattr(self._host, partition).config.text_dim)
-        self.adapters = AdapterManager(self._host, partition, self.path_check)  # adapters lived on the old one
+        self._load_partition(partition, f"swap {old} -> {partition}")
+        self.resident_partitions = [partition]
+        self._activate(partition)
         return time.perf_counter() - t0
 
     def _pipe(self, workflow: str):
@@ -186,11 +282,12 @@ class BSide:
             loop.sub_blocks.update(subs)
             loop.sub_blocks["h3_step_end"] = _hook_block("end", self._slot)
             self._pipes[workflow] = split.make_group_pipeline(blocks, self.model_dir, self._host,
-                                                              split.b_components(self.partition))
+                                                              split.b_components(split.PARTITION_OF[workflow]))
         return self._pipes[workflow]
 
     def resident(self) -> dict[str, str]:
-        return {n: type(getattr(self._host, n)).__name__ for n in split.b_components(self.partition)}
+        names = (*self.resident_partitions, *split.SCHEDULERS)
+        return {n: type(getattr(self._host, n)).__name__ for n in names}
 
     # ------------------------------------------------------------------------------------------------ denoise
     def denoise(self, payload: wire.EncodedRequest, on_step: Callable[[StepRecord], None] | None = None,
@@ -202,8 +299,10 @@ class BSide:
         with self._lock:
             swap_s = 0.0
             needed = split.PARTITION_OF[payload.workflow]
-            if needed != self.partition:
+            if needed not in self.resident_partitions:
                 swap_s = self._swap_to(needed)
+            elif needed != self.partition:
+                self._activate(needed)  # both resident: nothing loads
             pipe = self._pipe(payload.workflow)
             adapter_s, schedule = self.adapters.activate(tuple((a.path, a.weight) for a in payload.adapters))
             shifts = self._apply_schedule(pipe, schedule)
@@ -245,3 +344,51 @@ class BSide:
             pipe.update_components(**{name: sched})
             out.append(float(sched.config.shift))
         return out[0], out[1]
+
+
+# ---------------------------------------------------------------------------------------------------- file loading
+def load_transformer_file(src: formats.TransformerSource, dtype: str, device: str):
+    """A transformer partition from a published single-file ``.safetensors`` or a ``.gguf``, through diffusers'
+    ``from_single_file`` with the config found offline (the user's folder, or the one the pack ships).
+
+    diffusers 0.42.1's ``from_single_file(torch_dtype=bf16)`` casts *every* module to bf16, the ones the class keeps
+    in fp32 (patch projections, timestep MLP, output heads) and the computed ``rope.inv_freq`` buffer included, unlike
+    ``from_pretrained``. Those are put back in fp32 from the file (the release stores them fp32), so a single-file
+    run equals the folder run bit for bit. GGUF keeps them fp32 itself (its quantizer honours the list)."""
+    import torch
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    torch_dtype = split.torch_dtype(dtype)
+    kwargs = {"config": str(src.config_root), "subfolder": src.subfolder, "local_files_only": True,
+              "torch_dtype": torch_dtype}
+    if device != "cpu":
+        kwargs["device"] = device
+    if src.kind == "gguf":
+        from diffusers import GGUFQuantizationConfig
+
+        kwargs["quantization_config"] = GGUFQuantizationConfig(compute_dtype=torch_dtype)
+    try:
+        model = MiniMaxH3Transformer3DModel.from_single_file(str(src.path), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - re-raised with the file named
+        raise formats.FormatError(f"{src.path} failed to load as a {src.subfolder}: {type(exc).__name__}: {exc}") \
+            from exc
+    if src.kind == "single_file" and torch_dtype != torch.float32:
+        _restore_fp32_modules(model, src, device)
+    return model.eval()
+
+
+def _restore_fp32_modules(model, src: formats.TransformerSource, device: str) -> None:
+    import torch
+    from safetensors import safe_open
+
+    cls = type(model)
+    names = [n for n, _ in model.named_parameters() if memory_plan.keep_fp32(cls, n)]
+    with safe_open(str(src.path), framework="pt", device="cpu") as fh:
+        for name in names:
+            param = model.get_parameter(name)
+            value = fh.get_tensor(formats.diffusers_to_published_name(name)).to(torch.float32)
+            param.data = value.to(param.device)
+    rope = getattr(model, "rope", None)
+    if rope is not None and hasattr(rope, "inv_freq"):
+        fresh = type(rope)(model.config.rope_freq_dim, model.config.rope_theta)  # the buffer as built, fp32
+        rope.inv_freq = fresh.inv_freq.to(rope.inv_freq.device)

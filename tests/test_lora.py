@@ -124,8 +124,9 @@ def test_foreign_checkpoint_refused_with_its_tensors_named(tiny_ckpt, tmp_path):
     state = load_file(str(weights))
     state["transformer_blocks.0.attn.to_gate_compress.weight"] = torch.zeros(32, 24)
     save_file(state, str(weights), metadata={"format": "pt"})
-    with pytest.raises(ModelFolderError, match=r"transformer_blocks.0.attn.to_gate_compress.weight; they belong to "
-                                               r"FastVideo's video sparse attention \(VSA\) gates"):
+    # refused by the format check (engine/formats.py) before anything loads
+    with pytest.raises(ModelFolderError, match=r"FastVideo VSA \(video sparse attention\) checkpoint \(1 tensors such "
+                                               r"as `transformer_blocks.0.attn.to_gate_compress.weight`\)"):
         BSide(folder, dtype="float32")
 
 

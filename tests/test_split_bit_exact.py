@@ -102,7 +102,9 @@ def test_b_swaps_partition_and_records_it(tiny_ckpt, media):
     from comfy_h3_nodes.engine.a_side import ASide
     from remote_worker.b_side import BSide
 
-    a, b = ASide(tiny_ckpt, dtype="float32"), BSide(tiny_ckpt, dtype="float32", partition="transformer")
+    # residency "one": the tiny model's plan would keep both partitions resident (no swap at all)
+    a, b = ASide(tiny_ckpt, dtype="float32"), BSide(tiny_ckpt, dtype="float32", partition="transformer",
+                                                    residency="one")
     res = b.denoise(a.encode(workflow_request("ref2va", media)[0]))
     assert b.partition == "transformer_ref" and res.swap_s > 0
     assert [r.reason for r in b.load_records][-1] == "swap transformer -> transformer_ref"
