@@ -56,3 +56,16 @@ def test_comfy_registry_metadata_and_pack_layout():
     assert {p.stem for p in (ROOT / "example_workflows").glob("*.json")} >= {"h3_t2va", "h3_fl2va", "h3_ref2va",
                                                                              "h3_t2va_turbo"}
     assert (ROOT / "web" / "h3_extension.js").is_file()
+
+
+def test_pack_version_comes_from_the_checkout_pyproject(tmp_path):
+    """A git clone in custom_nodes/ has no package metadata: A and B still compare real pack versions."""
+    from comfy_h3_nodes.engine.actor_common import pack_version, versions
+
+    own = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert versions()["comfy-h3"] == pack_version() == own
+    other = tmp_path / "pyproject.toml"
+    other.write_text('[project]\nname = "comfy-h3"\nversion = "9.9.9"\n')
+    assert pack_version(other) == "9.9.9"
+    other.write_text('[project]\nname = "something-else"\nversion = "1.0"\n')
+    assert pack_version(other) != "1.0"  # another project's file is never read as ours

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
 import socket
 import time
 from importlib import metadata
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 from . import wire
 
@@ -98,6 +104,27 @@ def materialize(payload) -> float:
     return time.perf_counter() - t0
 
 
+PYPROJECT = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+def pack_version(pyproject: pathlib.Path = PYPROJECT) -> str:
+    """comfy-h3's version: from the checkout's ``pyproject.toml`` when the code runs from one (a git clone into
+    ``custom_nodes/`` has no installed-package metadata, and an editable install's metadata can be stale), else from
+    the installed package's metadata."""
+    try:
+        text = pyproject.read_text()
+    except OSError:
+        text = ""
+    if text:
+        project = tomllib.loads(text).get("project", {})
+        if project.get("name") == "comfy-h3" and project.get("version"):
+            return str(project["version"])
+    try:
+        return metadata.version("comfy-h3")
+    except metadata.PackageNotFoundError:
+        return "unknown (no pyproject.toml beside the code and no installed comfy-h3)"
+
+
 def versions() -> dict[str, str]:
     def v(name):
         try:
@@ -105,7 +132,7 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             return "absent"
 
-    return {"comfy-h3": v("comfy-h3"), "diffusers": v("diffusers"), "torch": v("torch"),
+    return {"comfy-h3": pack_version(), "diffusers": v("diffusers"), "torch": v("torch"),
             "transformers": v("transformers"), "ray": v("ray"), "wire_schema": str(wire.SCHEMA_VERSION)}
 
 
