@@ -45,7 +45,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 def _add_setup(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", required=True, help="A's Ray head, host:port (printed by `cluster start-head`)")
-    p.add_argument("--model-path", required=True, help="the MiniMax-H3 diffusers checkpoint folder on B")
+    p.add_argument("--model-path", required=True,
+                   help="the MiniMax-H3 diffusers checkpoint folder on B, or 'tiny-random' (a tiny random model built "
+                        "on B on first use: try the pair without weights)")
     p.add_argument("--iface", default=None, help="the interface B binds Ray to (the QSFP link to A)")
     p.add_argument("--node-ip", default=None, help="B's address (default: the interface's IPv4 address)")
     p.add_argument("--partition", default="transformer", choices=("transformer", "transformer_ref"))
@@ -113,6 +115,11 @@ def model_roots_of(args) -> list[str]:
 
 
 def options_of(args) -> pf.Options:
+    from comfy_h3_nodes.engine import catalog
+
+    args.tiny = getattr(args, "tiny", False) or catalog.is_tiny(args.model_path)
+    if args.tiny:  # the pack's tiny random model, built in this machine's cache: try B without weights
+        args.model_path = catalog.resolve(catalog.TINY)
     return pf.Options(head=args.head, model_path=args.model_path, partition=args.partition, iface=args.iface,
                       node_ip=args.node_ip, token_file=args.token_file, allow_cpu=args.allow_cpu, dtype=args.dtype,
                       attention_backend=args.attention_backend, object_store_mb=args.object_store_mb,
@@ -197,7 +204,7 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
                 time.sleep(0.2)
             except ValueError:
                 break
-    cfg = asdict(BConfig(model_dir=str(model_dir), dtype=args.dtype, attention_backend=args.attention_backend,
+    cfg = asdict(BConfig(model_dir=_model_choice(args, model_dir), dtype=args.dtype, attention_backend=args.attention_backend,
                          device=args.device, threads=args.threads, partition=args.partition, name=args.name,
                          namespace=args.namespace))
     cfg["model_roots"] = list(roots)
@@ -227,9 +234,16 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
     return actor, h
 
 
+def _model_choice(args, model_dir: pathlib.Path) -> str:
+    """What the actor config and the node name: ``tiny-random`` stays that name (each machine builds its own)."""
+    from comfy_h3_nodes.engine.catalog import TINY
+
+    return TINY if getattr(args, "tiny", False) else str(model_dir)
+
+
 def _print_values(args, head: str, model_dir: pathlib.Path, token_note: str) -> dict:
     values = {"cluster_address": head, "actor_name": args.name, "namespace": args.namespace,
-              "model_path": str(model_dir), "partition": args.partition, "dtype": args.dtype,
+              "model_path": _model_choice(args, model_dir), "partition": args.partition, "dtype": args.dtype,
               "attention_backend": args.attention_backend}
     print("\nB is ready. Enter these values in ComfyUI's \"H3 Remote DiT (B)\" node (H3RemoteDiT) on machine A:")
     for k, v in values.items():
@@ -500,7 +514,10 @@ def cmd_stop(args) -> int:
 # ---------------------------------------------------------------------------------------------------------- service
 def setup_argv(args) -> list[str]:
     """The `setup` command line the service runs, with absolute paths."""
-    out = ["setup", "--head", args.head, "--model-path", os.path.abspath(os.path.expanduser(args.model_path))]
+    from comfy_h3_nodes.engine import catalog
+
+    model = catalog.TINY if catalog.is_tiny(args.model_path) else os.path.abspath(os.path.expanduser(args.model_path))
+    out = ["setup", "--head", args.head, "--model-path", model]
     defaults = vars(parser().parse_args(["setup", "--head", "x:1", "--model-path", "x"]))
     skip = {"verb", "head", "model_path", "output", "user", "block", "json"}
     for key, value in vars(args).items():

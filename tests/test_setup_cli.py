@@ -187,3 +187,23 @@ def test_cluster_cli_versions_and_bad_iface(capsys):
     assert "does not exist" in capsys.readouterr().err
     assert cli_cluster.main(["start-head", "--iface", "lo"]) != 0  # lo holds 127.0.0.1: Ray would hang
     assert "127.0.0.1" in capsys.readouterr().err
+
+
+def test_tiny_random_on_b_is_built_there_and_passes_preflight(tmp_path, capsys, monkeypatch, tiny_ckpt):
+    """`setup --model-path tiny-random`: B builds the tiny model in its own cache (here prefilled from the session's
+    build) and the model folder check passes; the unit and the printed node values keep the name tiny-random."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.symlink(tiny_ckpt, cache / "tiny-h3-seed0")
+    monkeypatch.setenv("H3_CACHE", str(cache))
+    monkeypatch.delenv(model_roots.ENV, raising=False)
+    rc, out = preflight(capsys, "--model-path", "tiny-random")
+    line, _ = line_and_fix(out, "model folder")
+    assert line.startswith("PASS") and os.path.realpath(tiny_ckpt) in line
+    args = cli.parser().parse_args(["setup", "--head", "10.0.0.1:6379", "--model-path", "tiny-random"])
+    cli.options_of(args)
+    assert args.tiny and cli._model_choice(args, tiny_ckpt) == "tiny-random"
+    unit = tmp_path / "unit.service"
+    assert cli.main(["install-service", "--head", "192.168.100.1:6379", "--model-path", "tiny-random",
+                     "--output", str(unit)]) == 0
+    assert "--model-path tiny-random" in unit.read_text()
