@@ -1,4 +1,5 @@
-# `make demo` and `make test` create .venv on first use and install everything they need.
+# `make demo` and `make test` create .venv on first use and install everything they need; `make test` also installs
+# Chromium and Node.js for the web tests where it can (scripts/ensure_browser.sh) and otherwise says what to run.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -6,7 +7,7 @@ STAMP  := $(VENV)/.comfy-h3-installed
 TORCH_VERSION ?= 2.13.0
 TORCHAUDIO_VERSION ?= 2.11.1
 
-.PHONY: demo test venv clean-venv bench
+.PHONY: demo test venv clean-venv bench browser-deps
 
 venv: $(STAMP)
 
@@ -27,10 +28,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $(STAMP)
 
+# Chromium and Node.js for the web tests, checked before the (slow) venv build
+browser-deps:
+	@bash scripts/ensure_browser.sh
+
 demo: $(STAMP)
 	$(PY) -m comfy_h3_nodes demo
 
-test: $(STAMP)
+test: browser-deps $(STAMP)
 	$(PY) -m pytest -q tests
 	node --test tests/web/
 
