@@ -21,8 +21,31 @@ from comfy_h3_nodes.nodes import DEFAULT_MODEL_PATH  # noqa: E402
 from comfy_h3_nodes.runner import _mappings, input_specs, is_widget  # noqa: E402
 
 OUT = ROOT / "example_workflows"
+#: The first screen a template must fit in (a laptop's ComfyUI canvas, without the side and top bars), the free border
+#: kept around the nodes on it (screen pixels), and the title bar LiteGraph draws above a node's ``pos``.
+VIEW_W, VIEW_H, VIEW_MARGIN, TITLE_H = 1280, 720, 40, 30
 PROMPT = ("A red fox trots across a snowy meadow at dawn, breath steaming; soft wind, crunching snow and a distant "
           "crow call.")
+
+
+def node_box(node: dict) -> tuple[float, float, float, float]:
+    """A node's canvas rectangle ``(x0, y0, x1, y1)``, its title bar included."""
+    (x, y), (w, h) = node["pos"], node["size"]
+    return x, y - TITLE_H, x + w, y + h
+
+
+def saved_view(nodes: list[dict]) -> dict:
+    """``extra.ds`` that shows every node on the first screen: LiteGraph draws canvas point ``p`` at screen point
+    ``(p + offset) * scale``; the nodes' box gets ``VIEW_MARGIN`` free pixels around it on a ``VIEW_W x VIEW_H``
+    canvas, is centred across and starts at the top (the frontend may grow a node downwards to fit its widgets)."""
+    boxes = [node_box(n) for n in nodes]
+    x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
+    x1, y1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
+    fit = min(1.0, (VIEW_W - 2 * VIEW_MARGIN) / (x1 - x0), (VIEW_H - 2 * VIEW_MARGIN) / (y1 - y0))
+    scale = int(fit * 1000) / 1000  # rounded down: still fits
+    offset_x = (VIEW_W / scale - (x1 - x0)) / 2 - x0
+    offset_y = VIEW_MARGIN / scale - y0
+    return {"scale": scale, "offset": [round(offset_x, 1), round(offset_y, 1)]}
 
 
 def build(name: str, nodes: list[tuple]) -> dict:
@@ -64,7 +87,7 @@ def build(name: str, nodes: list[tuple]) -> dict:
         obj["order"] = order
     return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfy-h3/{name}")), "revision": 0,
             "last_node_id": max(n[0] for n in nodes), "last_link_id": link_id, "nodes": node_objs, "links": links,
-            "groups": [], "config": {}, "extra": {"ds": {"scale": 0.8, "offset": [0, 0]}}, "version": 0.4}
+            "groups": [], "config": {}, "extra": {"ds": saved_view(node_objs)}, "version": 0.4}
 
 
 def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0), steps: int = 50) -> list[tuple]:
