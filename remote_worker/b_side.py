@@ -136,7 +136,8 @@ class BSide:
     config. ``precision``: ``auto`` (the load dtype; as stored for GGUF), ``bf16``, ``fp8`` or ``gguf``.
     ``residency``: ``auto`` (both partitions when the plan fits them, else one), ``both`` (refused unless it fits) or
     ``one``. ``memory_limit_bytes`` replaces the measured free memory in the plan (tests; else
-    ``H3_MEMORY_LIMIT_BYTES``); ``plan_canvas`` is the (height, width, frames) working memory is budgeted for."""
+    ``H3_MEMORY_LIMIT_BYTES``); ``plan_canvas`` is the (height, width, frames) working memory is budgeted for (default:
+    the checkpoint's default canvas, 1344x768x124 for the release)."""
 
     def __init__(self, model_dir: str | os.PathLike, partition: str = "transformer", dtype: str = "bfloat16",
                  attention_backend: str = "sdpa", device: str | None = None, allow_swap: bool = True,
@@ -174,7 +175,7 @@ class BSide:
                                           f"put it there as {name}/, or give a single file.")
         self.precision = memory_plan.resolve_precision(precision, self.sources[partition])
         self.memory_plan = self._plan(partition, residency, memory_limit_bytes,
-                                      tuple(plan_canvas) if plan_canvas else memory_plan.DEFAULT_CANVAS)
+                                      tuple(plan_canvas) if plan_canvas else memory_plan.default_canvas(self.model_dir))
         resident = tuple(c.name for c in self.memory_plan.components)
         self.residency = "both" if len(resident) > 1 else "one"
         self._lock = threading.Lock()

@@ -117,8 +117,10 @@ def test_plan_allowing_one_partition_keeps_the_swap(tiny_ckpt, encoded):
 
     probe = BSide(tiny_ckpt, dtype="bfloat16", precision="fp8")
     sources = probe.sources
-    one = mp.plan_b(sources, ("transformer",), "fp8", "bfloat16", limit_bytes=10**12)
-    both = mp.plan_b(sources, ("transformer", "transformer_ref"), "fp8", "bfloat16", limit_bytes=10**12)
+    canvas = mp.default_canvas(tiny_ckpt)  # what B budgets working memory for
+    one = mp.plan_b(sources, ("transformer",), "fp8", "bfloat16", canvas=canvas, limit_bytes=10**12)
+    both = mp.plan_b(sources, ("transformer", "transformer_ref"), "fp8", "bfloat16", canvas=canvas,
+                     limit_bytes=10**12)
     assert one.need_bytes < both.need_bytes
     b = BSide(tiny_ckpt, dtype="bfloat16", precision="fp8", memory_limit_bytes=_limit_for(one.need_bytes))
     assert b.residency == "one" and b.resident_partitions == ["transformer"]
@@ -145,14 +147,15 @@ def test_plan_too_big_is_refused_before_loading(tiny_ckpt, monkeypatch):
     assert msg.startswith("memory plan refused before loading anything: B plan (bfloat16, transformer only")
     import re
 
-    assert re.search(r"transformer [\d.]+ KiB \+ working [\d.]+ MiB = [\d.]+ MiB > [\d.]+ KiB free on B \(limit", msg)
+    assert re.search(r"transformer [\d.]+ KiB \+ working [\d.]+ [KM]iB = [\d.]+ [KM]iB > [\d.]+ KiB free on B \(limit", msg)
     assert "no precision or residency of these files fits" in msg
     # bf16 for both does not fit, fp8 for both does: the refusal names it
     from comfy_h3_nodes.engine import formats
 
     srcs = {p: formats.detect(tiny_ckpt, p) for p in ("transformer", "transformer_ref")}
-    fp8_both = mp.plan_b(srcs, ("transformer", "transformer_ref"), "fp8", limit_bytes=10**12)
-    bf16_both = mp.plan_b(srcs, ("transformer", "transformer_ref"), "bf16", limit_bytes=10**12)
+    canvas = mp.default_canvas(tiny_ckpt)
+    fp8_both = mp.plan_b(srcs, ("transformer", "transformer_ref"), "fp8", canvas=canvas, limit_bytes=10**12)
+    bf16_both = mp.plan_b(srcs, ("transformer", "transformer_ref"), "bf16", canvas=canvas, limit_bytes=10**12)
     assert fp8_both.need_bytes < bf16_both.need_bytes
     with pytest.raises(mp.MemoryPlanError, match=r"\(bfloat16, both partitions\).* > .*; fp8 for both \(.*\) fits"):
         BSide(tiny_ckpt, dtype="bfloat16", residency="both", memory_limit_bytes=_limit_for(fp8_both.need_bytes))

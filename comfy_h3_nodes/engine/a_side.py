@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import split, wire
+from . import memory_plan, split, wire
 from .backends import resolve_attention_backend
 from .profiling import maybe_profile
 from .request import H3Request, ValidRequest, validate_request
@@ -35,13 +35,16 @@ class ASide:
     """Resident encoders and VAEs. One instance per process; ``encode``/``decode`` may be called for any workflow."""
 
     def __init__(self, model_dir: str | os.PathLike, dtype: str = "bfloat16", attention_backend: str = "sdpa",
-                 device: str | None = None):
+                 device: str | None = None, memory_limit_bytes: int | None = None):
         import torch
 
         self.attention_backend = resolve_attention_backend(attention_backend)
         self.device = split.pick_device(device)
         self.dtype = dtype
         self.model_dir = split.check_model_dir(model_dir, split.A_COMPONENTS)
+        # the text encoder and VAEs at this dtype + decode working memory, against what A has: refused before loading
+        self.memory_plan = memory_plan.plan_a(self.model_dir, split.MODEL_COMPONENTS_A, dtype, self.device,
+                                              limit_bytes=memory_limit_bytes).check()
         loaded = split.load_checked(self.model_dir, split.A_COMPONENTS, dtype, self.device)
         self._host = loaded.host
         self.load_records = loaded.records

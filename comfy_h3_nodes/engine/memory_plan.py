@@ -369,21 +369,40 @@ def folder_bytes(folder: pathlib.Path, dtype: str) -> ComponentPlan:
     return ComponentPlan(folder.name, dtype, total, 0, f"{n} tensors")
 
 
-def working_bytes_a(dtype: str, canvas=DEFAULT_CANVAS, device: str = "cpu") -> int:
+def default_canvas(model_dir: str | os.PathLike | None) -> tuple[int, int, int]:
+    """The canvas a checkpoint's t2va default produces (its index's ``canvas_short_edge`` x
+    ``canvas_max_pixels / short edge``, 124 frames): 768x1344 for the release, 64x128 for the tiny model."""
+    try:
+        cfg = json.loads((pathlib.Path(os.path.expanduser(str(model_dir))) / "modular_model_index.json").read_text())
+        short, pixels = int(cfg["canvas_short_edge"]), int(cfg["canvas_max_pixels"])
+        return short, pixels // short, DEFAULT_CANVAS[2]
+    except Exception:  # noqa: BLE001 - no folder or an index without canvas configs: the release's default
+        return DEFAULT_CANVAS
+
+
+def working_bytes_a(dtype: str, canvas=DEFAULT_CANVAS, device: str = "cpu", vae_channels: int = 128) -> int:
     """Estimate of A's decode memory at ``canvas``: the decoded video in fp32 twice (VAE output and the frames handed
-    on), one 17-frame clip of VAE activations at 128 channels, and 1 GiB of slack on a GPU."""
+    on), one 17-frame clip of VAE activations at the VAE's full-resolution width (``vae_channels``, 128 for the
+    release), and 1 GiB of slack on a GPU."""
     h, w, f = canvas
-    return 2 * f * h * w * 3 * 4 + 17 * h * w * 128 * DTYPE_BYTES[dtype] + (GiB if device.startswith("cuda") else 0)
+    return (2 * f * h * w * 3 * 4 + 17 * h * w * vae_channels * DTYPE_BYTES[dtype]
+            + (GiB if device.startswith("cuda") else 0))
 
 
 def plan_a(model_dir: str | os.PathLike, components: tuple[str, ...], dtype: str = "bfloat16", device: str = "cpu",
-           canvas=DEFAULT_CANVAS, limit_bytes: int | None = None) -> MemoryPlan:
-    """A's plan: the text encoder and VAEs of the diffusers folder at ``dtype`` plus decode working memory."""
+           canvas=None, limit_bytes: int | None = None) -> MemoryPlan:
+    """A's plan: the text encoder and VAEs of the diffusers folder at ``dtype`` plus decode working memory for
+    ``canvas`` (default: the checkpoint's own default canvas)."""
     root = pathlib.Path(os.path.expanduser(str(model_dir)))
+    canvas = tuple(canvas) if canvas else default_canvas(root)
     avail, where = available_memory(device, limit_bytes)
     comps = [folder_bytes(root / c, dtype) for c in components if (root / c / "config.json").is_file()]
-    plan = MemoryPlan("A", dtype, comps, working_bytes_a(dtype, canvas, device), avail, where,
-                      int(avail * margin_fraction()), tuple(canvas))
+    try:
+        channels = int(json.loads((root / "vae" / "config.json").read_text())["block_out_channels"][0])
+    except Exception:  # noqa: BLE001
+        channels = 128
+    plan = MemoryPlan("A", dtype, comps, working_bytes_a(dtype, canvas, device, channels), avail, where,
+                      int(avail * margin_fraction()), canvas)
     if not plan.fits and dtype == "float32":
         alt = plan_a(root, components, "bfloat16", device, canvas, avail)
         if alt.need_bytes <= plan.usable_bytes:

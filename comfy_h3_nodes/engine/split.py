@@ -28,6 +28,8 @@ MODEL_INDEX = "modular_model_index.json"
 
 DTYPES = ("float32", "bfloat16", "float16")
 MODEL_COMPONENTS = ("text_encoder", "vae", "audio_vae", "transformer", "transformer_ref")
+#: A's components that hold weights (what A's memory plan counts)
+MODEL_COMPONENTS_A = ("text_encoder", "vae", "audio_vae")
 
 
 class ModelFolderError(ValueError):

@@ -1,0 +1,119 @@
+"""The memory plan: its arithmetic at the released model's size, A's plan, and the plan as B's Ray actor checks and
+reports it (tiny checkpoints and lowered limits only; nothing is ever exhausted for real)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from comfy_h3_nodes.engine import memory_plan as mp
+from comfy_h3_nodes.engine import split
+
+GIB = 2**30
+SPARK = 121 * GIB  # about what a DGX Spark has usable (shared/design.md section 8)
+
+
+@pytest.fixture(scope="module")
+def real():
+    return {"single_file": mp.real_sources("single_file"), "gguf": mp.real_sources("gguf", "Q8_0")}
+
+
+def test_real_size_resident_bytes(real):
+    both = ("transformer", "transformer_ref")
+    bf16 = mp.plan_b(real["single_file"], ("transformer",), "bf16", limit_bytes=SPARK)
+    fp8 = mp.plan_b(real["single_file"], both, "fp8", limit_bytes=SPARK)
+    q8 = mp.plan_b(real["gguf"], both, "gguf", limit_bytes=SPARK)
+    assert abs(bf16.resident_bytes / GIB - 61.7) < 0.1  # the published 61.7 GiB per partition
+    assert abs(fp8.components[0].bytes / GIB - 30.9) < 0.2  # design: fp8 storage about 31 GiB
+    assert abs(q8.components[0].bytes / GIB - 32.8) < 0.3  # design: GGUF Q8_0 about 32.8 GiB
+    assert fp8.resident_bytes <= 1.05 * bf16.resident_bytes  # both partitions in fp8 cost one in bf16
+    assert bf16.fits and fp8.fits and q8.fits
+    # a bf16 load of the second partition peaks at fp8 + bf16, and the plan counts it
+    assert abs(fp8.load_peak_bytes / GIB - (30.9 + 61.7)) < 0.3
+
+
+def test_real_size_bf16_both_is_refused_with_what_fits(real):
+    plan = mp.plan_b(real["single_file"], ("transformer", "transformer_ref"), "bf16", "bfloat16", "cuda",
+                     limit_bytes=SPARK)
+    assert not plan.fits
+    with pytest.raises(mp.MemoryPlanError) as err:
+        plan.check()
+    msg = str(err.value)
+    assert "transformer 61.7 GiB + transformer_ref 61.7 GiB + working " in msg
+    assert "> 117.4 GiB free on B" in msg
+    assert "fp8 for both (" in msg and "bfloat16 for one partition (swapping) (" in msg
+
+
+def test_working_memory_grows_with_the_canvas(real):
+    cfg = real["single_file"]["transformer"].config()
+    small = mp.working_bytes_b(cfg, "bf16", "bfloat16", (480, 832, 124))
+    big = mp.working_bytes_b(cfg, "bf16", "bfloat16", (768, 1344, 345))
+    assert mp.packed_rows(768, 1344, 124) == 37_966 and mp.packed_rows(480, 832, 124) == 15_100  # design, section 2
+    assert small < big and 2 * GIB < small < 4 * GIB and 15 * GIB < big < 25 * GIB
+
+
+def test_available_memory_sources(monkeypatch):
+    n, where = mp.available_memory("cpu")
+    assert n > 0 and where == "MemAvailable"
+    monkeypatch.setenv(mp.LIMIT_ENV, "12345")
+    assert mp.available_memory("cpu") == (12345, mp.LIMIT_ENV)
+    assert mp.available_memory("cpu", limit_bytes=7) == (7, "limit")  # the parameter wins
+    monkeypatch.setenv(mp.LIMIT_ENV, "lots")
+    with pytest.raises(mp.MemoryPlanError, match="not a number of bytes"):
+        mp.available_memory("cpu")
+
+
+def test_a_plan_predicts_what_a_holds_and_refuses(tiny_ckpt):
+    from comfy_h3_nodes.engine.a_side import ASide
+
+    a = ASide(tiny_ckpt, dtype="bfloat16")
+    planned = {c.name: c.bytes for c in a.memory_plan.components}
+    for name in split.MODEL_COMPONENTS_A:
+        model = getattr(a._host, name)
+        held = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        assert abs(planned[name] - held) <= 0.01 * held, name  # headers hold no non-persistent buffers (bytes)
+    assert a.memory_plan.canvas == (64, 128, 124)  # the checkpoint's own default canvas
+    with pytest.raises(mp.MemoryPlanError, match=r"^memory plan refused before loading anything: A plan \(float32\): "
+                                                 r"text_encoder .* \+ vae .* \+ audio_vae .* > .* free on A"):
+        ASide(tiny_ckpt, dtype="float32", memory_limit_bytes=10**6)
+
+
+def test_bench_memory_through_the_actor(ray_cluster, tiny_ckpt, capsys):
+    """``bench memory --json``: B's actor measures exactly what the plan predicted, in all three plans."""
+    from comfy_h3_nodes import bench
+
+    assert bench.main(["memory", "--json", "--ckpt", str(tiny_ckpt)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    out = json.loads(last)
+    assert list(out) == ["plans"] and list(out["plans"]) == ["bf16-one", "fp8-both", "gguf-q8_0-both"]
+    for label, v in out["plans"].items():
+        assert list(v) == ["tiny_measured_bytes", "tiny_planned_bytes", "real_planned_bytes"]
+        assert abs(v["tiny_planned_bytes"] - v["tiny_measured_bytes"]) <= 0.02 * v["tiny_measured_bytes"], label
+    p = out["plans"]
+    assert p["fp8-both"]["real_planned_bytes"] <= 1.05 * p["bf16-one"]["real_planned_bytes"]
+    assert p["fp8-both"]["tiny_measured_bytes"] < 2 * p["bf16-one"]["tiny_measured_bytes"]
+
+
+def test_actor_refuses_a_plan_that_does_not_fit(ray_cluster, tiny_ckpt):
+    import dataclasses
+    import os
+
+    import ray
+
+    from comfy_h3_nodes.bench import _runtime_env
+    from comfy_h3_nodes.engine import cluster as cl
+    from comfy_h3_nodes.engine.executor import BConfig
+    from remote_worker.actor import dit_actor_class
+
+    cfg = dataclasses.asdict(BConfig(str(tiny_ckpt), dtype="bfloat16", threads=1, precision="fp8",
+                                     name=f"h3_dit_plan_refused_{os.getpid()}"))
+    cfg["memory_limit_bytes"] = 1000
+    actor = dit_actor_class().options(name=cfg["name"], namespace=cfg["namespace"], resources={cl.ROLE_B: 1},
+                                      max_restarts=0, runtime_env=_runtime_env()).remote(cfg)
+    try:
+        with pytest.raises(ray.exceptions.RayError, match="memory plan refused before loading anything: B plan "
+                                                          r"\(fp8, transformer only, swapping\): transformer "):
+            ray.get(actor.ping.remote(), timeout=120)
+    finally:
+        ray.kill(actor, no_restart=True)
