@@ -194,18 +194,9 @@ class BSide:
 
     # ------------------------------------------------------------------------------------------------ plan
     def _plan(self, partition: str, residency: str, limit: int | None, canvas: tuple) -> memory_plan.MemoryPlan:
-        """The plan B loads by, checked before anything loads: both partitions when asked or when ``auto`` finds
-        they fit, else the requested one (the swap stays)."""
-        other = next((p for p in split.PARTITIONS if p != partition and p in self.sources), None)
-
-        def plan(parts):
-            return memory_plan.plan_b(self.sources, parts, self.precision, self.dtype, self.device, canvas, limit)
-
-        if residency != "one" and other is not None and self.allow_swap:
-            both = plan((partition, other))
-            if both.fits or residency == "both":
-                return both.check()
-        return plan((partition,)).check()
+        """The plan B loads by, checked before anything loads (:func:`memory_plan.choose_b_plan`)."""
+        return memory_plan.choose_b_plan(self.sources, partition, self.precision, residency, self.dtype, self.device,
+                                         canvas, limit, self.allow_swap).check()
 
     def memory_report(self) -> dict:
         """The plan B loaded by and what it really holds (health's ``memory_plan``)."""

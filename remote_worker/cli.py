@@ -55,6 +55,17 @@ def _add_setup(p: argparse.ArgumentParser) -> None:
                    help=f"object store cap of B's node in MiB (default {pf.DEFAULT_OBJECT_STORE_MB})")
     p.add_argument("--allow-cpu", action="store_true", help="let preflight pass without a GPU (trials)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp8", "gguf"),
+                   help="storage precision of the transformer: auto (--dtype; GGUF as stored), bf16, fp8 (fp8 "
+                        "storage, --dtype compute) or gguf")
+    p.add_argument("--residency", default="auto", choices=("auto", "both", "one"),
+                   help="keep both transformer partitions resident when the memory plan fits them (auto), require it "
+                        "(both), or hold one and swap (one)")
+    p.add_argument("--transformer-file", default=None, metavar="FILE",
+                   help="the t2va/fl2va transformer as a published single-file .safetensors or an unpruned .gguf "
+                        "(instead of <model-path>/transformer/)")
+    p.add_argument("--transformer-ref-file", default=None, metavar="FILE",
+                   help="the ref2va transformer as a .safetensors or .gguf (instead of <model-path>/transformer_ref/)")
     p.add_argument("--attention-backend", default="sdpa")
     p.add_argument("--device", default=None, help="torch device (default cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the actor (default torch's)")
@@ -124,7 +135,14 @@ def options_of(args) -> pf.Options:
                       node_ip=args.node_ip, token_file=args.token_file, allow_cpu=args.allow_cpu, dtype=args.dtype,
                       attention_backend=args.attention_backend, object_store_mb=args.object_store_mb,
                       temp_dir=args.temp_dir or rn.DEFAULT_TEMP["b"], model_roots=model_roots_of(args),
-                      expect_versions=args.expect_versions)
+                      expect_versions=args.expect_versions, precision=args.precision, residency=args.residency,
+                      sources=_sources_of(args))
+
+
+def _sources_of(args) -> dict:
+    """``--transformer-file`` / ``--transformer-ref-file`` as the actor's ``sources`` (absolute paths)."""
+    files = {"transformer": args.transformer_file, "transformer_ref": args.transformer_ref_file}
+    return {k: os.path.abspath(os.path.expanduser(v)) for k, v in files.items() if v}
 
 
 # ---------------------------------------------------------------------------------------------------------- preflight
@@ -206,8 +224,9 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
                 break
     cfg = asdict(BConfig(model_dir=_model_choice(args, model_dir), dtype=args.dtype, attention_backend=args.attention_backend,
                          device=args.device, threads=args.threads, partition=args.partition, name=args.name,
-                         namespace=args.namespace))
+                         namespace=args.namespace, precision=args.precision))
     cfg["model_roots"] = list(roots)
+    cfg["residency"], cfg["sources"] = args.residency, _sources_of(args)
     from .model_roots import ENV as ROOTS_ENV
 
     actor = dit_actor_class().options(
@@ -231,6 +250,10 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
     h = ray.get(actor.health.remote(), timeout=60)
     print(f"DiT actor up in {time.perf_counter() - t0:.1f} s on {ip} ({h['device']}, {h['dtype']}, "
           f"attention {h['attention_backend']})", flush=True)
+    plan = h.get("memory_plan") or {}
+    if plan:
+        measured = sum((plan.get("measured_bytes") or {}).values())
+        print(f"memory: {plan['summary']}; B holds {rn.human_bytes(measured)} of weights", flush=True)
     return actor, h
 
 

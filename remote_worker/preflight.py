@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 
 from comfy_h3_nodes import ray_node as rn
+from comfy_h3_nodes.engine.split import ModelFolderError
 
 DEFAULT_OBJECT_STORE_MB = 2048
 MIN_FREE_DISK = 2 * 2**30
@@ -48,6 +49,9 @@ class Options:
     model_roots: list[str] = field(default_factory=list)
     expect_versions: str | None = None
     head_timeout: float = 30.0
+    precision: str = "auto"  # storage precision of the transformer (memory plan): auto | bf16 | fp8 | gguf
+    residency: str = "auto"  # auto | both | one
+    sources: dict = field(default_factory=dict)  # partition -> .safetensors / .gguf replacing <model>/<partition>/
 
 
 @dataclass
@@ -59,6 +63,8 @@ class Result:
     a_versions: dict | None = None
     head_nodes: list | None = None
     reuse_node: bool = False
+    sources: dict = field(default_factory=dict)  # partition -> formats.TransformerSource
+    memory_plan: object = None  # the MemoryPlan B will load by
 
     @property
     def ok(self) -> bool:
@@ -247,31 +253,27 @@ def _check_torch(opts: Options, res: Result) -> object:
 
 
 def _check_memory(opts: Options, res: Result, torch, need: int | None) -> None:
-    import psutil
+    """The memory plan B's actor will check before loading (same residency rule), with the object store kept free."""
+    from comfy_h3_nodes.engine import memory_plan as mp
 
-    vm = psutil.virtual_memory()
+    device = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
     store = opts.object_store_mb * 2**20
-    parts = [f"host {rn.human_bytes(vm.total)} total, {rn.human_bytes(vm.available)} available"]
-    avail = vm.available
-    if torch is not None and torch.cuda.is_available():
-        free, total = torch.cuda.mem_get_info(0)
-        parts.insert(0, f"GPU {rn.human_bytes(total)} total, {rn.human_bytes(free)} free")
-        # unified memory (DGX Spark): GPU and host share one pool, so the smaller of the two is what is left
-        avail = min(free, vm.available) if abs(total - vm.total) < 0.2 * vm.total else free
-        if abs(total - vm.total) < 0.2 * vm.total:
-            parts.append("unified")
-    if need is None:
-        res.add("memory", True, "; ".join(parts) + " (model size unknown)")
+    if opts.partition not in res.sources:
+        res.add("memory plan", False, "no transformer source to plan for (see the checks above)",
+                "fix the model folder / transformer file first")
         return
-    want = int(need * 1.1) + store
-    detail = "; ".join(parts) + (f"; {opts.partition} needs about {rn.human_bytes(need)} (size on disk) + "
-                                 f"object store {rn.human_bytes(store)}")
-    if avail >= want:
-        res.add("memory", True, detail)
-    else:
-        res.add("memory", False, detail + f": {rn.human_bytes(want)} wanted, {rn.human_bytes(avail)} available",
-                "stop other GPU/memory users on B (`nvidia-smi`), lower --object-store-mb, or use a machine with more "
-                "memory; B holds one transformer partition at a time")
+    try:
+        avail, where = mp.available_memory(device)
+        plan = mp.choose_b_plan(res.sources, opts.partition, opts.precision, opts.residency, opts.dtype, device,
+                                mp.default_canvas(res.model_dir), limit_bytes=max(avail - store, 0))
+    except (mp.MemoryPlanError, ModelFolderError) as exc:
+        res.add("memory plan", False, str(exc), "choose a --precision that suits the files (see the message)")
+        return
+    plan.available_from = f"{where} minus the {rn.human_bytes(store)} object store"
+    res.memory_plan = plan
+    res.add("memory plan", plan.fits, plan.summary(),
+            "pass one of the options that fit (--precision fp8, --residency one), stop other memory users on B, or "
+            "lower --object-store-mb")
 
 
 def _check_attention(opts: Options, res: Result) -> None:
@@ -296,32 +298,50 @@ def _check_attention(opts: Options, res: Result) -> None:
 
 
 def _check_model(opts: Options, res: Result) -> int | None:
-    from comfy_h3_nodes.engine.split import ModelFolderError, b_components, check_model_dir
+    from comfy_h3_nodes.engine import formats
+    from comfy_h3_nodes.engine.split import PARTITIONS, SCHEDULERS, ModelFolderError, check_model_dir
 
     from . import model_roots
 
     need = None
+    files = {k: v for k, v in (opts.sources or {}).items() if v}
     try:
-        comps = b_components(opts.partition)
+        comps = ((opts.partition,) if opts.partition not in files else ()) + SCHEDULERS
         p = check_model_dir(opts.model_path, comps)
-        sizes = {c: dir_size(p / c) for c in comps}
-        need = sizes[opts.partition]
-        other = "transformer_ref" if opts.partition == "transformer" else "transformer"
-        swap = (f"; {other} present ({rn.human_bytes(dir_size(p / other))}), swaps possible"
-                if (p / other).is_dir() else f"; no {other}/ (requests needing it will fail)")
         res.model_dir = p
-        res.add("model folder", True,
-                f"{p}: " + ", ".join(f"{c} {rn.human_bytes(s)}" for c, s in sizes.items()) + swap)
+        sizes = {c: dir_size(p / c) for c in comps}
+        res.add("model folder", True, f"{p}: " + ", ".join(f"{c} {rn.human_bytes(s)}" for c, s in sizes.items()))
     except ModelFolderError as exc:
         res.add("model folder", False, str(exc),
                 f"point --model-path at the checkpoint folder that holds modular_model_index.json and the "
                 f"{opts.partition}/, scheduler/ and audio_scheduler/ folders (copy them from the MiniMax-H3 "
                 "diffusers checkpoint)")
+    if res.model_dir is not None:
+        for part in PARTITIONS:
+            try:
+                if part in files:
+                    src = formats.detect(files[part], part, res.model_dir)
+                elif (res.model_dir / part).is_dir():
+                    src = formats.detect(res.model_dir, part)
+                else:
+                    continue
+            except ModelFolderError as exc:
+                res.add(f"{part} source", False, str(exc), "give a MiniMax-H3 transformer B can load (see above)")
+                continue
+            res.sources[part] = src
+            if part == opts.partition:
+                need = src.file_bytes
+            res.add(f"{part} source", True, src.describe())
+        if opts.partition in res.sources and len(res.sources) == 1:
+            other = "transformer_ref" if opts.partition == "transformer" else "transformer"
+            res.add("swaps", True, f"no {other} source: requests needing it will fail")
     try:
-        resolved = model_roots.check_model_path(opts.model_path, opts.model_roots, "model roots")
-        env_roots = model_roots.parse_roots(os.environ.get(model_roots.ENV))
-        model_roots.check_model_path(opts.model_path, env_roots, f"model roots ({model_roots.ENV})")
-        res.add("model roots", True, f"{resolved} is inside {', '.join(opts.model_roots) or '(no roots)'}")
+        for path in (opts.model_path, *files.values()):
+            resolved = model_roots.check_model_path(path, opts.model_roots, "model roots")
+            env_roots = model_roots.parse_roots(os.environ.get(model_roots.ENV))
+            model_roots.check_model_path(path, env_roots, f"model roots ({model_roots.ENV})")
+        res.add("model roots", True, f"{resolved} is inside {', '.join(opts.model_roots) or '(no roots)'}"
+                + (f" (and {len(files)} transformer file(s))" if files else ""))
     except model_roots.ModelRootError as exc:
         res.add("model roots", False, str(exc),
                 "move the checkpoint under a model root, or add its parent with --model-root DIR")

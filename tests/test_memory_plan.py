@@ -117,3 +117,22 @@ def test_actor_refuses_a_plan_that_does_not_fit(ray_cluster, tiny_ckpt):
             ray.get(actor.ping.remote(), timeout=120)
     finally:
         ray.kill(actor, no_restart=True)
+
+
+def test_preflight_prints_the_plan_b_will_load_by(tiny_ckpt, monkeypatch):
+    from remote_worker import preflight as pf
+
+    monkeypatch.delenv("H3_MODEL_ROOTS", raising=False)
+    gguf = {p: str(tiny_ckpt / "gguf" / f"{p}-Q8_0.gguf") for p in ("transformer", "transformer_ref")}
+    opts = pf.Options(head="127.0.0.2:1", model_path=str(tiny_ckpt), allow_cpu=True, sources=gguf,
+                      model_roots=[str(tiny_ckpt)], head_timeout=2)
+    res = pf.run(opts)
+    checks = {c.name: c for c in res.checks}
+    assert checks["transformer source"].ok and "GGUF" in checks["transformer source"].detail
+    assert checks["memory plan"].ok and "B plan (gguf Q8_0, both partitions)" in checks["memory plan"].detail
+    assert "object store" in checks["memory plan"].detail
+    monkeypatch.setenv(mp.LIMIT_ENV, str(2**20))
+    res = pf.run(pf.Options(head="127.0.0.2:1", model_path=str(tiny_ckpt), allow_cpu=True, precision="fp8",
+                            model_roots=[str(tiny_ckpt)], object_store_mb=1, head_timeout=2))
+    plan = next(c for c in res.checks if c.name == "memory plan")
+    assert not plan.ok and "B plan (fp8, transformer only, swapping)" in plan.detail and "--precision" in plan.fix

@@ -318,6 +318,19 @@ def plan_b(sources: dict[str, formats.TransformerSource], partitions: tuple[str,
     return plan
 
 
+def choose_b_plan(sources: dict[str, formats.TransformerSource], partition: str, precision: str = "auto",
+                  residency: str = "auto", dtype: str = "bfloat16", device: str = "cpu", canvas=DEFAULT_CANVAS,
+                  limit_bytes: int | None = None, allow_swap: bool = True) -> MemoryPlan:
+    """The plan B loads by (unchecked): both partitions when ``residency`` is ``both``, or ``auto`` and they fit;
+    else ``partition`` alone (requests for the other swap it). B's loader and ``remote_worker preflight`` share it."""
+    other = next((p for p in PARTITIONS if p != partition and p in sources), None)
+    if residency != "one" and other is not None and allow_swap:
+        both = plan_b(sources, (partition, other), precision, dtype, device, canvas, limit_bytes)
+        if both.fits or residency == "both":
+            return both
+    return plan_b(sources, (partition,), precision, dtype, device, canvas, limit_bytes)
+
+
 def fitting_options_b(sources, dtype, device, canvas, avail, margin, exclude="") -> list[tuple[str, int]]:
     gguf = all(s.kind == "gguf" for s in sources.values())
     precisions = ("gguf",) if gguf else ("bf16", "fp8")
