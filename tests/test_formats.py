@@ -182,3 +182,21 @@ def test_q6_k_quantizer_round_trips():
     back = gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q6_K)
     assert back.shape == x.shape
     assert np.abs(back - x).max() < 0.05 * np.abs(x).max()
+
+
+def test_catalog_lists_h3_transformer_files_by_their_keys(tiny_ckpt, tmp_path):
+    from comfy_h3_nodes.engine import catalog
+    from comfy_h3_nodes.tiny_checkpoint import build_tiny_lora
+
+    root = tmp_path / "models"
+    (root / "diffusion_models").mkdir(parents=True)
+    (root / "unet").mkdir()
+    models, unet = root / "diffusion_models", root / "unet"
+    shutil.copy(tiny_ckpt / "single_file" / "transformer.safetensors", models / "renamed.bin.safetensors")
+    shutil.copy(tiny_ckpt / "gguf" / "transformer_ref-Q8_0.gguf", unet / "h3-ref.gguf")
+    shutil.copy(tiny_ckpt / "vae" / "diffusion_pytorch_model.safetensors", models / "minimax_h3_vae.safetensors")
+    build_tiny_lora(root / "diffusion_models" / "minimax_h3_turbo_lora.safetensors")
+    _tiny_file(root / "unet" / "minimax_h3_pruned.safetensors", [formats.PUBLISHED_MARKER, "adaln_t_table"])
+    shutil.copytree(tiny_ckpt, root / "MiniMax-H3")  # a diffusers folder: its shards are not choices
+    found = catalog.find_transformer_files([root])
+    assert found == sorted([str(models / "renamed.bin.safetensors"), str(unet / "h3-ref.gguf")])

@@ -136,3 +136,35 @@ def same_model(a: str, b: str) -> bool:
     if is_tiny(a) or is_tiny(b):
         return is_tiny(a) and is_tiny(b)
     return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
+
+
+def find_transformer_files(roots: Iterable[str | os.PathLike], depth: int = SEARCH_DEPTH + 1) -> list[str]:
+    """Every ``.safetensors`` / ``.gguf`` file under ``roots`` (at most ``depth`` levels down) that is a MiniMax-H3
+    transformer B can load, recognised by its keys (``formats.is_h3_transformer``: headers only, never the name);
+    pruned, VSA, LoRA and other models' files are left out. Files inside diffusers folders are their shards, not
+    choices, and are skipped. Sorted absolute paths."""
+    from . import formats
+
+    found: set[str] = set()
+    for root in roots:
+        base = pathlib.Path(os.path.expanduser(str(root)))
+        if not base.is_dir():
+            continue
+        level = [base]
+        for _ in range(depth + 1):
+            nxt = []
+            for d in level:
+                try:
+                    if (d / MODEL_INDEX).is_file() or (d / "config.json").is_file():
+                        continue  # a diffusers checkpoint or component folder: its files are shards
+                    for c in d.iterdir():
+                        if c.name.startswith("."):
+                            continue
+                        if c.is_dir():
+                            nxt.append(c)
+                        elif c.suffix.lower() in (".safetensors", ".gguf") and formats.is_h3_transformer(c):
+                            found.add(str(c.absolute()))
+                except OSError:
+                    continue
+            level = nxt
+    return sorted(found)
