@@ -20,9 +20,12 @@ format through the code a user's file goes through::
         stacked ``attn.qkv_proj``, ``mlp.fc1`` = [gate; value]); bf16 except the modules the release keeps fp32
     gguf/transformer-Q8_0.gguf  gguf/transformer_ref-Q8_0.gguf   the same names, Q8_0 where a row is a multiple of 32
 
-No K-quant of this transformer is written: its widest row is 96 values and a K-quant block holds 256, so a Q4_K/Q6_K
-file of it would hold no K-quantized tensor at all. ``write_gguf(model, path, "Q6_K")`` (with ``quantize_q6_k``,
-checked against gguf's own dequantizer; gguf-py 0.19 only dequantizes K-quants) writes one for a wider transformer.
+    gguf/wide/transformer/config.json  gguf/wide/transformer.safetensors  gguf/wide/transformer-Q6_K.gguf
+        a K-quant fixture: a wider random transformer (rows of 256, the same text_dim), its config beside the files
+
+The tiny transformer itself gets no K-quant: its widest row is 96 values and a K-quant block holds 256, so a Q4_K/Q6_K
+file of it would hold no K-quantized tensor at all. The wide one is Q6_K-quantized by ``quantize_q6_k`` (gguf-py 0.19
+only dequantizes K-quants; the writer is checked against gguf's own dequantizer).
 
 The same seed gives byte-identical files, whatever the output folder: the index names the
 components by a fixed placeholder repo id (`TINY_REPO_ID`), and diffusers loads every component
@@ -385,7 +388,24 @@ def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True) -> Path:
         for name, model in (("transformer", transformer), ("transformer_ref", transformer_ref)):
             write_single_file(model, out_dir / "single_file" / f"{name}.safetensors")
             write_gguf(model, out_dir / "gguf" / f"{name}-Q8_0.gguf", "Q8_0")
+        with torch.no_grad(), _seeded(seed, 6):
+            wide = _make_wide_transformer()
+        wide.save_config(str(out_dir / "gguf" / "wide" / "transformer"))
+        write_single_file(wide, out_dir / "gguf" / "wide" / "transformer.safetensors")
+        write_gguf(wide, out_dir / "gguf" / "wide" / "transformer-Q6_K.gguf", "Q6_K")
     return out_dir
+
+
+def _make_wide_transformer():
+    """The K-quant fixture's transformer: every Linear outside the release's fp32 modules reads rows of 256 values
+    (one Q6_K block) except the text projection (text_dim 32, as the tiny text encoder gives)."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    return MiniMaxH3Transformer3DModel(
+        num_attention_heads=1, attention_head_dim=256, hidden_size=256, num_layers=1, num_refiner_layers=1,
+        ffn_dim=256, in_channels=24, audio_in_channels=32, patch_size=(1, 2, 2), text_dim=32, freq_dim=16,
+        time_embed_hidden_dim=32, time_embed_dim=256, rope_freq_dim=2, rope_theta=10000.0,
+    ).eval()
 
 
 # --------------------------------------------------------------------------------------------------

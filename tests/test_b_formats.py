@@ -179,3 +179,22 @@ def test_refused_sources_never_load(tiny_ckpt, tmp_path):
 
     with pytest.raises(formats.FormatError, match="is not a MiniMax-H3 transformer"):
         BSide(tiny_ckpt, sources={"transformer": str(tiny_ckpt / "vae" / "diffusion_pytorch_model.safetensors")})
+
+
+def test_k_quant_gguf_runs_close_to_its_bf16_file(tiny_ckpt, encoded):
+    """The K-quant fixture (a wider transformer, Q6_K where rows are 256 wide, config beside the files) loads through
+    diffusers' GGUF quantizer and stays close to the same weights' bf16 single file; the plan matches again."""
+    from remote_worker.b_side import BSide
+
+    wide = tiny_ckpt / "gguf" / "wide"
+    ref = BSide(tiny_ckpt, dtype="bfloat16", residency="one",
+                sources={"transformer": str(wide / "transformer.safetensors")})
+    q6 = BSide(tiny_ckpt, dtype="bfloat16", residency="one",
+               sources={"transformer": str(wide / "transformer-Q6_K.gguf")})
+    assert q6.sources["transformer"].config_root == wide.resolve()
+    assert q6.sources["transformer"].quant_types()["Q6_K"] >= 8
+    assert q6.resident_bytes() == {c.name: c.bytes for c in q6.memory_plan.components}
+    got = q6.denoise(encoded["t2va"]).latents.latents.to_torch()
+    want = ref.denoise(encoded["t2va"]).latents.latents.to_torch()
+    assert torch.isfinite(got).all() and not torch.equal(got, want)
+    assert (got - want).abs().max().item() < LOSSY_TOL, (got - want).abs().max().item()

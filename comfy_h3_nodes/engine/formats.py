@@ -304,15 +304,18 @@ def _check_vsa_config(config: dict, where: str) -> None:
         raise FormatError(f"{where} is a {cls}, not a {H3_CLASS}: point B at a MiniMax-H3 transformer.")
 
 
-def config_root_for(partition: str, model_dir: str | os.PathLike | None = None) -> pathlib.Path:
-    """Where ``from_single_file`` finds ``<partition>/config.json``: the user's diffusers folder when it has one,
-    else the released config shipped with the pack."""
+def config_root_for(partition: str, model_dir: str | os.PathLike | None = None,
+                    near: str | os.PathLike | None = None) -> pathlib.Path:
+    """Where ``from_single_file`` finds ``<partition>/config.json``: a ``<partition>/config.json`` beside the file
+    (``near``: the file's folder), else the user's diffusers folder when it has one, else the released config shipped
+    with the pack."""
     if partition not in PARTITIONS:
         raise FormatError(f"partition is {partition!r}; expected one of {PARTITIONS}.")
-    if model_dir is not None:
-        root = pathlib.Path(os.path.expanduser(str(model_dir)))
-        if (root / partition / "config.json").is_file():
-            return root.resolve()
+    for candidate in (near, model_dir):
+        if candidate is not None:
+            root = pathlib.Path(os.path.expanduser(str(candidate)))
+            if (root / partition / "config.json").is_file():
+                return root.resolve()
     return SHIPPED_CONFIG_ROOT
 
 
@@ -353,7 +356,7 @@ def detect(path: str | os.PathLike, partition: str = "transformer",
             raise FormatError(
                 f"{p} holds diffusers-named tensors (one shard of a diffusers transformer folder, not the published "
                 "single-file layout): point B at the diffusers checkpoint folder that holds it instead.")
-        root = config_root_for(partition, model_dir)
+        root = config_root_for(partition, model_dir, near=p.parent)
         src = TransformerSource("single_file", p.resolve(), tensors, root, partition, meta)
         _check_vsa_config(src.config(), str(src.config_path))
         return src
@@ -372,7 +375,7 @@ def detect(path: str | os.PathLike, partition: str = "transformer",
                 raise FormatError(
                     f"{p} uses GGUF tensor types {', '.join(bad)}, which diffusers cannot dequantize: use a file "
                     f"quantized to {', '.join(sorted(supported - {'F32', 'F16'}))}.")
-        root = config_root_for(partition, model_dir)
+        root = config_root_for(partition, model_dir, near=p.parent)
         src = TransformerSource("gguf", p.resolve(), tensors, root, partition, meta)
         _check_vsa_config(src.config(), str(src.config_path))
         return src
