@@ -24,7 +24,7 @@ log = logging.getLogger("comfy_h3")
 
 #: Environment variables the executor forwards to both actors (read there before any model import).
 FORWARDED_ENV = ("H3_PROFILE", "H3_MAX_PAYLOAD_BYTES", "DIFFUSERS_ATTN_BACKEND", "HF_HUB_OFFLINE", "H3_CACHE",
-                 "OMP_NUM_THREADS", "H3_LOG_LEVEL")
+                 "OMP_NUM_THREADS", "H3_LOG_LEVEL", "H3_MEMORY_LIMIT_BYTES", "H3_MEMORY_MARGIN")
 
 
 class HandoffError(RuntimeError):

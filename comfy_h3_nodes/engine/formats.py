@@ -23,11 +23,13 @@ cheap, never-raising test a model picker uses to recognise ``.safetensors`` / ``
 
 The released transformer config (both partitions share the architecture) ships with the pack in
 ``engine/h3_configs/<partition>/config.json``, so a single file or a GGUF loads offline without a diffusers folder
-for the config. Its values are those of the released checkpoint, which several public projects state identically
-(diffusers' ``MiniMaxH3Transformer3DModel`` class defaults, the FastVideo and SGLang conversion recipes' "official"
-transformer config, and a checkpoint verifier's ``EXPECTED_CONFIG`` of the 14 diffusers shards): 56 heads x 128,
-hidden 5376, 50 layers, 2 refiner layers, FFN 14336, text_dim 5120, freq_dim 256, time embedding 5376 -> 2688, RoPE
-16 frequencies per axis at theta 10000; it gives 33.12 B parameters = 61.7 GiB in bf16, as published.
+for the config. Its values are the released checkpoint's, stated identically by independent public sources (read,
+not copied): diffusers 0.42.1's ``MiniMaxH3Transformer3DModel`` class defaults and docstring, a FastH3 loader's
+``official_config()``, a conversion recipe's transformer config (annotated with the reference implementation's
+names), a checkpoint verifier's ``EXPECTED_CONFIG`` for the 14-shard diffusers transformer, and a Rust port's
+"published config" parse test: 56 heads x 128, hidden 5376, 50 layers, 2 refiner layers, FFN 14336, text_dim 5120,
+freq_dim 256, time embedding 5376 -> 2688, RoPE 16 frequencies per axis at theta 10000, eps 1e-5. It gives
+33,122,992,896 parameters = 61.7 GiB in bf16, the published size of each partition.
 """
 
 from __future__ import annotations
