@@ -524,29 +524,52 @@ def _interrupt_exception():
 
 
 class H3Decode:
-    DESCRIPTION = "Decodes B's latents on A into frames (IMAGE) and stereo sound (AUDIO), plus the frame rate."
+    DESCRIPTION = ("Decodes B's latents into frames (IMAGE) and stereo sound (AUDIO), plus the frame rate: on A, or "
+                   "split with B (B decodes the last clips from the latents it still holds, A the rest and blends; "
+                   "the frames are identical).")
     CATEGORY = CATEGORY
     RETURN_TYPES = ("IMAGE", "AUDIO", "INT")
     RETURN_NAMES = ("images", "audio", "fps")
     FUNCTION = "decode"
+    DECODE_ON = ("auto", "A", "A+B")
 
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {"encoders": ("H3_ENCODERS",), "latents": ("H3_LATENTS",)},
+                "optional": {"decode_on": (list(cls.DECODE_ON), {
+                    "default": "auto",
+                    "tooltip": "auto: split the video decode with B when B holds the video VAE, has no denoise "
+                               "waiting and the decode is long enough; A: A alone; A+B: split whenever B can"})},
                 "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    def decode(self, encoders, latents, unique_id=None):
+    def decode(self, encoders, latents, decode_on="auto", unique_id=None):
+        import sys
+
         import torch
 
+        h = _host()
         t0, w0 = time.perf_counter(), time.time()
-        media = encoders.decode(latents.payload)
+        rid = latents.payload.request_id
+        executor_mod = sys.modules.get("comfy_h3_nodes.engine.executor")  # no executor imported: none holds B's copy
+        ex = executor_mod.holder_of(rid) if executor_mod is not None and decode_on != "A" else None
+        if ex is not None:
+            try:
+                media, records, plan = ex.decode_received(encoders, latents.payload, decode_on, h.interrupted)
+            except executor_mod.H3Cancelled:
+                raise _interrupt_exception() from None
+            records = _named_by_host(records, (ex.last_health or {}).get("B", {}).get("hostname", ""))
+            how = plan.why
+        else:
+            media = encoders.decode(latents.payload)
+            how = "decode_on 'A'" if decode_on == "A" else "A alone: no DiT of this process holds these latents on B"
+            records = [StageRecord(rid, "decode", "A", _a_node(), w0, time.time(), compute_s=time.perf_counter() - t0,
+                                   bytes={"frames": int(media.frames.nbytes), "audio": int(media.audio.nbytes)},
+                                   note="" if decode_on == "A" else how)]
         images = torch.from_numpy(media.frames)
         audio = {"waveform": torch.from_numpy(media.audio).unsqueeze(0), "sample_rate": media.sample_rate}
-        rec = StageRecord(latents.payload.request_id, "decode", "A", _a_node(), w0, time.time(),
-                          compute_s=time.perf_counter() - t0,
-                          bytes={"frames": int(media.frames.nbytes), "audio": int(media.audio.nbytes)})
-        ui = report("H3Decode", unique_id, [rec], "decode",
-                    extra={"frames": int(media.frames.shape[0]), "sample_rate": media.sample_rate})
+        ui = report("H3Decode", unique_id, sorted(records, key=lambda r: r.machine != "B"), "decode",
+                    extra={"frames": int(media.frames.shape[0]), "sample_rate": media.sample_rate,
+                           "compute_s": time.perf_counter() - t0, "decode_on": how})
         return {"ui": ui, "result": (images, audio, media.fps)}
 
 

@@ -89,6 +89,9 @@ def ui_to_api(workflow: dict, mappings=None) -> dict:
         inputs: dict = {}
         pos = 0
         for name in widget_names(cls):
+            if pos >= len(values) and specs[name][2] == "optional" and "default" in specs[name][1]:
+                inputs[name] = specs[name][1]["default"]  # saved before the widget existed: ComfyUI's default too
+                continue
             if pos >= len(values):
                 raise WorkflowError(
                     f"node {node['id']} ({node['type']}) has {len(values)} widget values; input {name!r} has none."
@@ -307,7 +310,8 @@ def tiny_checkpoint_dir() -> pathlib.Path:
 MODEL_PATH_NODES = {"H3LoadEncoders": "model_path", "H3RemoteDiT": "model_path"}
 
 
-def apply_overrides(api: dict, model_path: str | None, sets: list[str], cluster: str | None = None) -> None:
+def apply_overrides(api: dict, model_path: str | None, sets: list[str], cluster: str | None = None,
+                    decode_on: str | None = None) -> None:
     if model_path:
         for node in api.values():
             key = MODEL_PATH_NODES.get(node["class_type"])
@@ -317,6 +321,10 @@ def apply_overrides(api: dict, model_path: str | None, sets: list[str], cluster:
         for node in api.values():
             if node["class_type"] == "H3RemoteDiT":
                 node["inputs"]["cluster_address"] = cluster
+    if decode_on:
+        for node in api.values():
+            if node["class_type"] == "H3Decode":
+                node["inputs"]["decode_on"] = decode_on
     for item in sets:
         target, sep, raw = item.partition("=")
         nid, dot, name = target.partition(".")
@@ -340,6 +348,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     src.add_argument("--model-path", help="diffusers MiniMax-H3 folder for every model_path input")
     ap.add_argument("--set", action="append", default=[], metavar="ID.input=VALUE")
     ap.add_argument("--cluster", help="override H3RemoteDiT cluster_address ('local' or host:port)")
+    ap.add_argument("--decode-on", choices=("auto", "A", "A+B"),
+                    help="every H3Decode's decode_on: split the video decode with B (auto, A+B) or A alone")
     ap.add_argument("--output", default=os.environ.get("H3_OUTPUT_DIR", "output"), help="output folder")
     ap.add_argument("--input", action="append", default=[], help="folder LoadImage/LoadAudio read from")
     ap.add_argument("--events-out", help="write every UI event of the run as JSONL here")
@@ -349,7 +359,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 def execute(workflow_path: str, *, tiny: bool = False, model_path: str | None = None, sets=(), cluster=None,
             output: str = "output", events_out: str | None = None, json_out: str | None = None,
-            quiet: bool = False, inputs=()) -> RunResult:
+            quiet: bool = False, inputs=(), decode_on: str | None = None) -> RunResult:
     from . import runner_core
     from .host import LocalHost, host, set_host
 
@@ -358,7 +368,7 @@ def execute(workflow_path: str, *, tiny: bool = False, model_path: str | None = 
         pathlib.Path(workflow_path).resolve().parent / "inputs", EXAMPLES / "inputs"]
     if tiny:
         model_path = TINY  # each machine resolves it to its own copy, built on first use
-    apply_overrides(api, model_path, list(sets), cluster)
+    apply_overrides(api, model_path, list(sets), cluster, decode_on)
     check_prompt(api)
     h = host()
     if not isinstance(h, LocalHost):
@@ -408,7 +418,7 @@ def _execute_cli(args, workflow: str, *, tiny: bool, sets: list[str], cluster: s
     """Run for a command line: bad input exits 2, a failed run 1, each with one line on stderr."""
     try:
         execute(workflow, tiny=tiny, model_path=args.model_path, sets=sets, cluster=cluster, output=args.output,
-                events_out=args.events_out, json_out=args.json_out, inputs=args.input)
+                events_out=args.events_out, json_out=args.json_out, inputs=args.input, decode_on=args.decode_on)
     except (WorkflowError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

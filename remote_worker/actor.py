@@ -1,7 +1,8 @@
 """The resident DiT as a named, detached Ray actor on the B node.
 
 Two concurrency groups: ``denoise`` (one slot: B serves one request at a time, in submission order; ``reconfigure``
-queues there too, so it never changes the model under a running request) and ``control`` (health, progress, cancel,
+and a split decode's ``decode_share`` queue there too, so B never computes two things at once and never changes the
+model under a running request) and ``control`` (health, progress, cancel,
 load records, the model list), so a running denoise never blocks a health check or a cancel.
 
 The model a config names may be ``tiny-random``: B builds the pack's tiny random checkpoint in its own cache on first
@@ -21,6 +22,7 @@ import ray
 from comfy_h3_nodes.engine import actor_common as common
 from comfy_h3_nodes.engine import catalog
 from comfy_h3_nodes.engine import split
+from comfy_h3_nodes.engine import wire
 from comfy_h3_nodes.engine.backends import resolve_attention_backend
 from comfy_h3_nodes.engine.timing import StageRecord
 
@@ -52,7 +54,8 @@ def _build_side(config: dict) -> BSide:
                  attention_backend=config.get("attention_backend", "sdpa"), device=config.get("device"),
                  allow_swap=config.get("allow_swap", True), path_check=path_check,
                  precision=config.get("precision") or "auto", residency=config.get("residency") or "auto",
-                 sources=config.get("sources"), memory_limit_bytes=config.get("memory_limit_bytes"))
+                 sources=config.get("sources"), memory_limit_bytes=config.get("memory_limit_bytes"),
+                 decoder=config.get("decoder") or "auto")
 
 
 class DiTActorImpl(common.ResidentActorMixin):
@@ -64,6 +67,7 @@ class DiTActorImpl(common.ResidentActorMixin):
         self._lock = threading.Lock()
         self._progress: dict[str, dict] = {}
         self._cancelled: set[str] = set()
+        self._decoding: set[str] = set()  # requests whose decode share runs now
         self.recent: deque = deque(maxlen=50)
         self.node_ip = ray.util.get_node_ip_address()
         log.info("B ready on %s: %s", self.node_ip, self.side.resident())
@@ -128,6 +132,36 @@ class DiTActorImpl(common.ResidentActorMixin):
                 while len(self._progress) > 64:
                     self._progress.pop(next(iter(self._progress)))
 
+    # ------------------------------------------------------------------------------------------------ decode share
+    @ray.method(concurrency_group="denoise")
+    def decode_share(self, refs: list, request_id: str, start: int, stop: int, wait_timeout: float = 600.0):
+        """Clips ``[start, stop)`` of a request's video, from its latents in B's own object store (``refs[0]``: the
+        ref ``denoise`` returned, so nothing crosses the link). Returns one ``wire.DecodedClip`` per clip, then B's
+        decode record; the caller sets ``num_returns=stop - start + 1``. A cancel stops it before its next clip."""
+        t_start = time.time()
+        with self._lock:
+            self._decoding.add(request_id)
+        try:
+            if request_id in self._cancelled:
+                raise DenoiseCancelled(f"request {request_id} was cancelled before B's decode share started")
+            latents, wait_s, fetch_s = common.receive(refs[0], wait_timeout, "B", "latents (own)", request_id)
+            common.synthetic_delay(self.config, "decode_share")  # tests only: a share long enough to kill B in
+            share = self.side.decode_share(latents, start, stop, should_cancel=lambda: request_id in self._cancelled)
+            clips = [wire.DecodedClip(request_id, start + j, share.of, wire.WireTensor.from_torch(c))
+                     for j, c in enumerate(share.clips)]
+            rec = StageRecord(request_id, "decode", "B", self.node_ip, t_start, time.time(), producer_wait_s=wait_s,
+                              fetch_s=fetch_s, compute_s=share.compute_s, bytes={"frames": sum(c.nbytes for c in clips)},
+                              note=f"split decode: B clips {start}-{stop - 1} of {share.of}",
+                              info={"clips": [start, stop], "of": share.of,
+                                    "clip_s": [round(x, 5) for x in share.seconds]})
+            log.info("[%s] decoded clips %d-%d of %d in %.3f s", request_id, start, stop - 1, share.of,
+                     share.compute_s)
+            return (*clips, rec)
+        finally:
+            with self._lock:
+                self._decoding.discard(request_id)
+                self._cancelled.discard(request_id)
+
     # ------------------------------------------------------------------------------------------------ control
     @ray.method(concurrency_group="control")
     def progress(self, request_id: str) -> dict:
@@ -141,6 +175,9 @@ class DiTActorImpl(common.ResidentActorMixin):
     def cancel(self, request_id: str) -> bool:
         """Flag a request; B stops it before its next step (or refuses it if it has not started)."""
         with self._lock:
+            if request_id in self._decoding:  # its decode share runs: stop it between two clips
+                self._cancelled.add(request_id)
+                return True
             p = self._progress.get(request_id)
             if p is not None and p["state"] in ("done", "failed", "cancelled"):
                 return False
@@ -200,11 +237,12 @@ class DiTActorImpl(common.ResidentActorMixin):
         if self.side is None:
             raise RuntimeError("B is reloading its model (reconfigure); ask again in a moment.")
         info = common.base_health("B", self.side, self.started)
-        info.update(self._serving())
+        info.update({k: v for k, v in self._serving().items() if k != "resident"})  # base_health's has the classes
         info["attention_backend"] = self.side.attention_backend
         info["attention_choice"] = self.config.get("attention_backend", "sdpa")
         info["partition"] = self.side.partition
         info["text_dim"] = self.side.text_dim
+        info["video_vae"] = self.side.decoder_info()  # can B take a split-decode share (and at which dtype)
         info["memory_plan"] = self.side.memory_report()  # the plan B loaded by, and what it measures it holds
         info["recent"] = list(self.recent)[-10:]
         info["busy"] = any(p["state"] in ("waiting", "running") for p in list(self._progress.values()))

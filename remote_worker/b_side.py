@@ -8,7 +8,8 @@ dtype (``bf16``), ``fp8`` (diffusers' layerwise casting: fp8 storage, compute at
 both partitions when they fit next to the working memory (a ref2va after a t2va then loads nothing), else one at a
 time, where a request for the other swaps it and the swap is recorded (and reported) as a load; a plan where not even
 one fits is refused with the numbers and the options that fit. The schedulers are stateful: ``denoise`` holds a lock
-for the whole request.
+for the whole request. When the plan still fits with it, B also holds the video VAE's decoder and decodes a share of a
+request's clips from the latents it produced (``decode_share``; :mod:`comfy_h3_nodes.engine.split_decode`).
 
 Per-step reporting and cancellation are two small loop blocks inserted around diffusers' own ``denoiser`` and
 ``update`` loop blocks; they cost microseconds per step.
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from comfy_h3_nodes.engine import formats, memory_plan, split, wire
+from comfy_h3_nodes.engine import formats, memory_plan, split, split_decode, wire
 from comfy_h3_nodes.engine.backends import apply_attention_backend, resolve_attention_backend
 from comfy_h3_nodes.engine.profiling import maybe_profile
 
@@ -143,7 +144,7 @@ class BSide:
                  attention_backend: str = "sdpa", device: str | None = None, allow_swap: bool = True,
                  path_check: Callable | None = None, precision: str = "auto", residency: str = "auto",
                  sources: dict | None = None, memory_limit_bytes: int | None = None,
-                 plan_canvas: tuple | None = None):
+                 plan_canvas: tuple | None = None, decoder: str = "auto"):
         import torch
 
         self._torch = torch
@@ -191,6 +192,7 @@ class BSide:
         self.load_records.extend(loaded.records)
         self.resident_partitions: list[str] = list(resident)
         self._activate(partition)
+        self._load_decoder(decoder)
 
     # ------------------------------------------------------------------------------------------------ plan
     def _plan(self, partition: str, residency: str, limit: int | None, canvas: tuple) -> memory_plan.MemoryPlan:
@@ -206,7 +208,49 @@ class BSide:
         report["resident_partitions"] = list(self.resident_partitions)
         report["measured_bytes"] = self.resident_bytes()
         report["sources"] = {p: {"kind": s.kind, "path": str(s.path)} for p, s in self.sources.items()}
+        report["video_vae"] = {**self.decoder_info(),
+                               "plan": self.decoder_plan.to_dict() if self.decoder_plan is not None else None}
         return report
+
+    # ------------------------------------------------------------------------------------------------ decode share
+    def _load_decoder(self, decoder: str) -> None:
+        """The video VAE's decoder for split decode (:mod:`comfy_h3_nodes.engine.split_decode`): loaded when
+        ``decoder`` is ``auto`` and B's memory plan with it still fits (:func:`memory_plan.plan_b_decoder`), at B's
+        load dtype; its encoder is freed. ``off`` never loads it. ``decoder_note`` says which and why."""
+        if decoder not in ("auto", "off"):
+            raise ValueError(f"decoder is {decoder!r}; expected 'auto' or 'off'.")
+        self.vae, self.decoder_plan = None, None
+        if decoder == "off":
+            self.decoder_note = "not loaded: B was started with decoder 'off'"
+            return
+        self.decoder_plan = memory_plan.plan_b_decoder(self.memory_plan, self.model_dir, self.dtype, self.device)
+        if self.decoder_plan is None:
+            self.decoder_note = f"not loaded: {self.model_dir} has no vae/"
+            return
+        if not self.decoder_plan.fits:
+            self.decoder_note = "not loaded, it does not fit: " + self.decoder_plan.summary()
+            return
+        loaded = split.load_checked(self.model_dir, ("vae",), self.dtype, self.device, host=self._host)
+        self.load_records.extend(loaded.records)
+        self.vae = self._host.vae
+        self.vae.encoder, self.vae.quant_conv = None, None  # a decode share never encodes
+        self.vae_fingerprint = split_decode.vae_fingerprint(self.model_dir / "vae")
+        self.decoder_note = "resident: " + self.decoder_plan.summary()
+
+    def decoder_info(self) -> dict:
+        """Whether B can take a split-decode share, and with what (A compares dtype and model before splitting)."""
+        info = {"resident": self.vae is not None, "dtype": self.dtype, "model_dir": str(self.model_dir),
+                "note": self.decoder_note}
+        if self.vae is not None:
+            info.update(fingerprint=self.vae_fingerprint, **split_decode.geometry(self.vae))
+        return info
+
+    def decode_share(self, latents: wire.DenoisedLatents, start: int, stop: int,
+                     should_cancel: Callable[[], bool] | None = None) -> split_decode.Share:
+        """Clips ``[start, stop)`` of the request's video, decoded with the real VAE (``split_decode``)."""
+        if self.vae is None:
+            raise RuntimeError(f"B holds no video VAE decoder ({self.decoder_note}).")
+        return split_decode.decode_share(self.vae, latents.latents.to_torch(), start, stop, should_cancel)
 
     def resident_bytes(self) -> dict[str, int]:
         """B's own accounting: bytes of the parameters and buffers of each resident transformer partition."""
@@ -278,7 +322,7 @@ class BSide:
         return self._pipes[workflow]
 
     def resident(self) -> dict[str, str]:
-        names = (*self.resident_partitions, *split.SCHEDULERS)
+        names = (*self.resident_partitions, *split.SCHEDULERS, *(("vae",) if self.vae is not None else ()))
         return {n: type(getattr(self._host, n)).__name__ for n in names}
 
     # ------------------------------------------------------------------------------------------------ denoise

@@ -2,18 +2,21 @@
 
 A loads only ``text_encoder``, ``tokenizer``, ``processor``, ``vae`` and ``audio_vae``. ``encode`` runs the A-encode
 blocks of the request's workflow and packs what B needs into an :class:`~.wire.EncodedRequest`; ``decode`` runs the
-``decode.*`` blocks on a :class:`~.wire.DenoisedLatents`. The Ray actor of the executor wraps this class.
+``decode.*`` blocks on a :class:`~.wire.DenoisedLatents`; ``decode_split`` runs the same blocks with the last clips
+taken from B's share (:mod:`.split_decode`). The Ray actor of the executor wraps this class.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from . import memory_plan, split, wire
+from . import memory_plan, split, split_decode, wire
 from .backends import resolve_attention_backend
 from .profiling import maybe_profile
 from .request import H3Request, ValidRequest, validate_request
@@ -51,6 +54,7 @@ class ASide:
         self._pipes: dict[tuple[str, str], object] = {}
         self._accepts: dict[tuple[str, str], set[str]] = {}
         self._torch = torch
+        self._decode_lock = threading.Lock()  # one decode at a time: a split decode overrides a method of the VAE
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _pipe(self, workflow: str, part: str):
@@ -129,13 +133,16 @@ class ASide:
         if not validated:
             latents.validate()
         pipe = self._pipe(latents.workflow, "decode")
-        with maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
+        with self._decode_lock, maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
             return pipe(latents=latents.latents.to_torch(), audio_latents=latents.audio_latents.to_torch(),
                         output_type=output_type, output=["videos", "audio", "sampling_rate"])
 
     def decode(self, latents: wire.DenoisedLatents, validated: bool = False) -> DecodedMedia:
         t0 = time.perf_counter()
         out = self.decode_raw(latents, "np", validated)
+        return self._media(latents, out, t0)
+
+    def _media(self, latents: wire.DenoisedLatents, out: dict, t0: float) -> DecodedMedia:
         frames = np.asarray(out["videos"][0], dtype=np.float32)
         audio = out["audio"]
         audio = audio.detach().float().cpu().numpy() if hasattr(audio, "detach") else np.asarray(audio)
@@ -143,3 +150,40 @@ class ASide:
             audio = audio[0]
         return DecodedMedia(latents.request_id, frames, audio, int(out["sampling_rate"]),
                             timings={"decode_s": time.perf_counter() - t0})
+
+    # ------------------------------------------------------------------------------------------------ split decode
+    @property
+    def vae(self):
+        return self._host.vae
+
+    def decoder_info(self) -> dict:
+        """What the executor's split-decode policy compares with B's (same weights, same dtype), and the geometry."""
+        if getattr(self, "_vae_fingerprint", None) is None:
+            self._vae_fingerprint = split_decode.vae_fingerprint(self.model_dir / "vae")
+        return {"resident": True, "dtype": self.dtype, "fingerprint": self._vae_fingerprint,
+                **split_decode.geometry(self.vae)}
+
+    def num_clips(self, latents: wire.DenoisedLatents) -> int:
+        return split_decode.num_clips(self.vae, latents.latents.shape[2])
+
+    def decode_share(self, latents: wire.DenoisedLatents, start: int, stop: int,
+                     should_cancel: Callable[[], bool] | None = None) -> split_decode.Share:
+        """Clips ``[start, stop)`` decoded with A's VAE (what B's share computes on B)."""
+        with self._decode_lock:
+            return split_decode.decode_share(self.vae, latents.latents.to_torch(), start, stop, should_cancel)
+
+    def decode_split(self, latents: wire.DenoisedLatents, provider: Callable[[int], object | None],
+                     should_cancel: Callable[[], bool] | None = None,
+                     validated: bool = False) -> tuple[DecodedMedia, split_decode.ServeLog]:
+        """diffusers' decode blocks with each clip from ``provider(i)`` (B's share), or decoded here when it returns
+        ``None`` (A's share, or B's clips when B's share was lost); frames identical to :meth:`decode`."""
+        if not validated:
+            latents.validate()
+        t0 = time.perf_counter()
+        pipe = self._pipe(latents.workflow, "decode")
+        lat = latents.latents.to_torch()
+        with self._decode_lock, split_decode.serve_clips(self.vae, lat, provider, should_cancel) as log, \
+                maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
+            out = pipe(latents=lat, audio_latents=latents.audio_latents.to_torch(), output_type="np",
+                       output=["videos", "audio", "sampling_rate"])
+        return self._media(latents, out, t0), log

@@ -84,6 +84,82 @@ def receive(ref, timeout: float, machine: str, stage: str, request_id: str):
     return payload, t1 - t0, time.perf_counter() - t1
 
 
+class ShareReceiver:
+    """A's side of B's split-decode share: ``refs`` are the share call's returns (one ``wire.DecodedClip`` per clip
+    ``start``, ``start + 1``, ..., then B's decode record). Called with a clip index (``split_decode.serve_clips``
+    asks for every clip in order), it returns B's clip as a tensor, or ``None`` for A to decode that clip itself:
+    for clips before ``start`` (A's share) and, once B's share failed (B's actor died, B was cancelled, a bounded
+    wait ran out), for every clip of it; ``failure`` then says why. B's record lands in ``record``; the producer
+    wait, fetch and materialisation of B's frames are timed apart."""
+
+    def __init__(self, refs: list, start: int, height: int, width: int, timeout: float, request_id: str,
+                 should_cancel=None, poll: float = 0.05):
+        self.clip_refs, self.record_ref = list(refs[:-1]), refs[-1]
+        self.start, self.height, self.width = start, height, width
+        self.timeout, self.request_id, self.should_cancel, self.poll = timeout, request_id, should_cancel, poll
+        self.record = None
+        self.failure = ""
+        self.producer_wait_s = self.fetch_s = self.materialize_s = 0.0
+        self.bytes = 0
+        self.received: list[int] = []
+
+    def _fail(self, why: str) -> None:
+        self.failure = why
+        log.warning("[%s] B's decode share is lost (%s); A decodes clips %d-%d itself", self.request_id, why,
+                    self.start, self.start + len(self.clip_refs) - 1)
+
+    def _await_b(self) -> bool:
+        import ray
+
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.timeout
+        try:
+            while True:
+                ready, _ = ray.wait([self.record_ref], timeout=self.poll, fetch_local=False)
+                if ready:
+                    break
+                if self.should_cancel is not None and self.should_cancel():
+                    return False  # the blend raises the cancel at its next clip
+                if time.monotonic() > deadline:
+                    self._fail(f"B did not finish its share within {self.timeout:.0f} s")
+                    return False
+            self.record = ray.get(self.record_ref, timeout=self.timeout)
+        except ray.exceptions.RayError as exc:
+            inner = unwrap_ray_error(exc)
+            self._fail(f"{type(exc).__name__}: {str(inner).strip().splitlines()[0] if str(inner).strip() else ''}")
+            return False
+        finally:
+            self.producer_wait_s += time.perf_counter() - t0
+        return True
+
+    def __call__(self, index: int):
+        import ray
+
+        if index < self.start or self.failure:
+            return None
+        if self.record is None and not self._await_b():
+            return None
+        t0 = time.perf_counter()
+        try:
+            clip = ray.get(self.clip_refs[index - self.start], timeout=self.timeout)
+        except ray.exceptions.RayError as exc:  # the object was lost with B's node
+            self._fail(f"clip {index}: {type(exc).__name__}")
+            return None
+        finally:
+            self.fetch_s += time.perf_counter() - t0
+        clip.validate(self.height, self.width)
+        if clip.index != index or clip.request_id != self.request_id:
+            raise HandoffError(f"A asked B's share for clip {index} of request {self.request_id} and received clip "
+                               f"{clip.index} of request {clip.request_id}.")
+        t1 = time.perf_counter()
+        tensor = clip.frames.to_torch()
+        self.materialize_s += time.perf_counter() - t1
+        self.bytes += clip.nbytes
+        self.received.append(index)
+        self.clip_refs[index - self.start] = None  # A holds the frames now; B's copy can go
+        return tensor
+
+
 def synthetic_delay(config: dict, stage: str) -> float:
     """Sleep for the benchmark-only synthetic time of ``stage`` (config key ``synthetic_stages``); returns it.
 

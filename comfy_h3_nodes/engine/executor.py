@@ -6,6 +6,12 @@ the decoded media. While B denoises, the caller polls B's ``progress`` (the step
 B within its bounds. Several requests can be in flight (``max_in_flight``): A encodes k+1 while B denoises k and A
 decodes k-1, because A's encode and decode run in separate concurrency groups and B serves its queue in order.
 
+Split decode (:mod:`.split_decode`): when B holds the video VAE and has no denoise waiting, B decodes the last clips
+of the request from the latents it already holds (its ``decode_share`` queues behind the denoise, on B's one compute
+queue) while A receives the latents, decodes the first clips and blends B's in; the shares follow each side's
+measured seconds per clip (``ClipClock``), ``decode_on`` (``auto``, ``A``, ``A+B``) chooses per request and every
+decode record says what ran where and why. If B's share is lost, A decodes those clips itself and says so.
+
 All scheduling runs on one private asyncio loop thread; the sync API (``generate``, ``run_many``) and the async API
 (``agenerate``, usable from any event loop, ComfyUI's included) both hand work to it.
 """
@@ -19,6 +25,8 @@ import os
 import pathlib
 import threading
 import time
+import weakref
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
@@ -28,6 +36,8 @@ import ray
 from . import actor_common as common
 from . import catalog
 from . import cluster as cl
+from . import split_decode as sd
+from . import wire
 from .a_side import ASide, DecodedMedia
 from .actor_common import FORWARDED_ENV, unwrap_ray_error
 from .backends import BACKENDS
@@ -75,6 +85,8 @@ class BConfig(SideConfig):
     namespace: str = cl.NAMESPACE
     allow_swap: bool = True
     max_restarts: int = -1
+    #: B's video VAE decoder for split decode: "auto" (when B's memory plan fits it) or "off"
+    decoder: str = "auto"
 
 
 @dataclass
@@ -106,6 +118,12 @@ class Encoded:
     record: StageRecord
     num_inference_steps: int
 
+    @property
+    def shape(self) -> tuple | None:
+        """(height, width, num_frames) of the request, from A's encode record."""
+        i = self.record.info or {}
+        return (i["height"], i["width"], i["num_frames"]) if "num_frames" in i else None
+
 
 @dataclass
 class Denoised:
@@ -113,6 +131,18 @@ class Denoised:
     workflow: str
     latents_ref: object
     records: list[StageRecord]
+    shape: tuple | None = None  # (height, width, num_frames)
+
+
+@dataclass
+class DecodePlan:
+    """How one request's video is decoded: by A alone, or split with B decoding clips ``[b_start, clips)``."""
+
+    mode: str  # "A" | "A+B"
+    clips: int
+    b_start: int
+    why: str
+    decode_on: str = "auto"
 
 
 @dataclass
@@ -145,12 +175,21 @@ async def _await_ref(ref, timeout: float):
     return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
 
 
+#: executors of this process, so a decode (ComfyUI's H3Decode) finds the one that holds its request's latents on B
+_EXECUTORS: "weakref.WeakSet[H3Executor]" = weakref.WeakSet()
+
+
 class H3Executor:
     def __init__(self, a: SideConfig, b: BConfig, *, max_in_flight: int = 2, timeouts: Timeouts | None = None,
                  env: dict | None = None, timing_log: TimingLog | None = None, a_name: str | None = None,
-                 a_mode: str = "actor", local_a: ASide | None = None):
+                 a_mode: str = "actor", local_a: ASide | None = None, decode_on: str = "auto",
+                 min_split_s: float = 1.0):
         """``a_mode="actor"`` runs A in a Ray actor on the A node; ``"local"`` runs it in this process (ComfyUI),
-        which must then be a driver on the A node. ``local_a`` reuses an already resident A side."""
+        which must then be a driver on the A node. ``local_a`` reuses an already resident A side. ``decode_on`` is
+        the default of every decode (``auto``: split when B is free and A alone would take ``min_split_s`` or more;
+        ``A``; ``A+B``: split whenever B can)."""
+        if decode_on not in sd.DECODE_ON:
+            raise ValueError(f"decode_on is {decode_on!r}; expected one of {sd.DECODE_ON}.")
         if a_mode not in ("actor", "local"):
             raise ValueError(f"a_mode is {a_mode!r}; expected 'actor' or 'local'.")
         if max_in_flight < 1:
@@ -175,6 +214,12 @@ class H3Executor:
         self._cancelled: set[str] = set()
         self._in_flight = 0
         self.max_seen_in_flight = 0
+        self.decode_on, self.min_split_s = decode_on, min_split_s
+        self.clip_clock = sd.ClipClock()
+        self._encoding = self._denoising = 0  # this executor's requests that are, or soon will be, B's work
+        self._held: OrderedDict[str, object] = OrderedDict()  # local mode: latents refs on B, for a later decode
+        self._shares: dict[str, list] = {}  # B's decode-share refs of running split decodes
+        _EXECUTORS.add(self)
 
     # ------------------------------------------------------------------------------------------------ start
     def _runtime_env(self) -> dict:
@@ -332,6 +377,13 @@ class H3Executor:
     async def _encode(self, request: H3Request) -> Encoded:
         req = validate_request(request)  # clear errors before anything is sent
         rid = req.request_id
+        self._encoding += 1
+        try:
+            return await self._encode_counted(req, rid)
+        finally:
+            self._encoding -= 1
+
+    async def _encode_counted(self, req, rid) -> Encoded:
         if self.a_mode == "local":
             enc = await asyncio.to_thread(self.encode_local, req)
             self.timings.add([enc.record])
@@ -358,7 +410,8 @@ class H3Executor:
         t1 = time.perf_counter()
         ref = ray.put(payload)
         rec = StageRecord(payload.request_id, "encode", "A", ray.util.get_node_ip_address(), started, time.time(),
-                          compute_s=compute_s, serialize_s=time.perf_counter() - t1, bytes=payload.field_bytes())
+                          compute_s=compute_s, serialize_s=time.perf_counter() - t1, bytes=payload.field_bytes(),
+                          info={"height": payload.height, "width": payload.width, "num_frames": payload.num_frames})
         return Encoded(payload.request_id, payload.workflow, ref, rec, payload.num_inference_steps)
 
     def receive_local(self, den: "Denoised"):
@@ -387,6 +440,18 @@ class H3Executor:
         rid = enc.request_id
         if rid in self._cancelled:
             raise H3Cancelled(f"request {rid} was cancelled before B started it.")
+        self._denoising += 1
+        try:
+            den = await self._denoise_counted(enc, rid, on_step)
+        finally:
+            self._denoising -= 1
+        if self.a_mode == "local":  # a later decode (ComfyUI's H3Decode) may split it: B keeps the latents
+            self._held[rid] = den.latents_ref
+            while len(self._held) > 4:
+                self._held.popitem(last=False)
+        return den
+
+    async def _denoise_counted(self, enc: Encoded, rid: str, on_step) -> Denoised:
         latents_ref, recs_ref = self.b.denoise.remote([enc.payload_ref], rid, self.timeouts.handoff)
         fut = asyncio.wrap_future(recs_ref.future())
         seen, last_progress, cancel_sent = 0, time.monotonic(), False
@@ -446,7 +511,7 @@ class H3Executor:
             for i, sec in enumerate(records[1].steps[seen:], start=seen):
                 on_step(StepEvent(rid, i, len(records[1].steps), sec))
         self.timings.add(records)
-        return Denoised(rid, enc.workflow, latents_ref, records)
+        return Denoised(rid, enc.workflow, latents_ref, records, enc.shape)
 
     async def _b_node_gone(self, settle: float = 0.0) -> bool:
         """No alive Ray node offers role B any more: the head's health checks lost machine B (down, its raylet
@@ -464,23 +529,189 @@ class H3Executor:
                 return False
             await asyncio.sleep(0.25)
 
-    async def _decode(self, den: Denoised) -> tuple[DecodedMedia, list[StageRecord]]:
+    # ------------------------------------------------------------------------------------------------ decode
+    def _a_decoder(self, side: ASide | None = None) -> dict:
+        """A's video VAE facts (dtype, weights fingerprint, clip geometry): from ``side`` or the local A, else from
+        A's actor (asked once)."""
+        side = side or self.local_a
+        if side is not None:
+            return side.decoder_info()
+        if getattr(self, "_a_vae", None) is None:
+            self._a_vae = ray.get(self.a.health.remote(), timeout=self.timeouts.health)["video_vae"]
+        return self._a_vae
+
+    def _b_queue(self) -> int:
+        """This executor's requests that are being encoded for B or denoised on B (B's queued work)."""
+        return self._encoding + self._denoising
+
+    def plan_decode(self, height: int, width: int, num_frames: int, decode_on: str | None = None,
+                    b_clips: int | None = None, side: ASide | None = None) -> DecodePlan:
+        """The decode of one request: by A alone, or split (B decodes the last clips). ``b_clips`` forces B's share
+        (tests, benchmarks); otherwise it follows the measured seconds per clip of each side."""
+        choice = decode_on or self.decode_on
+        if choice not in sd.DECODE_ON:
+            raise ValueError(f"decode_on is {choice!r}; expected one of {sd.DECODE_ON}.")
+        a = self._a_decoder(side)
+        n = sd.clips_for(a, wire.video_latent_frames(num_frames))
+
+        def alone(why: str) -> DecodePlan:
+            return DecodePlan("A", n, n, why, choice)
+
+        if choice == "A":
+            return alone("decode_on 'A'")
+        b = ((self.last_health or {}).get("B") or {}).get("video_vae") or {}
+        if not b.get("resident"):
+            return alone(f"B holds no video VAE ({b.get('note') or 'this B does not say'})")
+        if b.get("dtype") != a["dtype"] or b.get("fingerprint") != a["fingerprint"]:
+            return alone(f"B's video VAE ({b.get('dtype')}, weights {b.get('fingerprint')}) is not A's "
+                         f"({a['dtype']}, weights {a['fingerprint']}): the frames would differ")
+        a_s = self.clip_clock.clip_s("A", height, width)
+        if choice == "auto":
+            if self._b_queue():
+                return alone(f"B has {self._b_queue()} more request(s) waiting: A decodes alone")
+            if a_s is None:
+                return alone("A's seconds per clip are not measured yet (this decode measures them)")
+            if n * a_s < self.min_split_s:
+                return alone(f"A alone takes about {n * a_s:.2f} s, under the {self.min_split_s:g} s worth splitting")
+        a_s = a_s or 1.0
+        b_s = self.clip_clock.clip_s("B", height, width) or a_s  # unmeasured: as fast as A (two equal machines)
+        fetch = self.clip_clock.fetch_clip_s(height, width)
+        k = sd.choose_b_clips(n, a_s, b_s, 0.0, fetch) if b_clips is None else max(0, min(int(b_clips), n))
+        if k == 0:
+            return alone(f"the measured clip times give B no clip (A {a_s:.3f} s, B {b_s:.3f} s, "
+                         f"fetch {fetch:.3f} s per clip)")
+        why = (f"B decodes clips {n - k}-{n - 1} of {n}" + (" (forced)" if b_clips is not None else
+               f": A {a_s:.3f} s, B {b_s:.3f} s, fetch {fetch:.3f} s per clip, predicted "
+               f"{sd.predicted_s(n, k, a_s, b_s, 0.0, fetch):.2f} s vs {n * a_s:.2f} s on A alone"))
+        return DecodePlan("A+B", n, n - k, why, choice)
+
+    def _learn(self, records: list[StageRecord], height: int, width: int, clips: int) -> None:
+        """Feed each side's measured seconds per clip (and B's frames' fetch per clip) to the clock."""
+        for r in records:
+            if r.stage != "decode":
+                continue
+            info = r.info or {}
+            if r.machine == "B":
+                self.clip_clock.add("B", len(info.get("clip_s", ())), sum(info.get("clip_s", ())), height, width)
+            elif info.get("decode_on") == "A+B":
+                own = [s for i, s in zip(info["a_decoded"], info["a_clip_s"]) if i < info["a_clips"][1]]
+                self.clip_clock.add("A", len(own), sum(own), height, width)
+                got = len(info.get("b_received", ()))
+                if got:
+                    self.clip_clock.add_fetch(got, r.fetch_s + r.materialize_s, height, width)
+            else:
+                self.clip_clock.add("A", clips, r.compute_s, height, width)
+
+    def _start_b_share(self, latents_ref, rid: str, plan: DecodePlan) -> list:
+        """B's share of a split decode, queued on B's compute queue; its refs (clips, then B's record)."""
+        refs = self.b.decode_share.options(num_returns=plan.clips - plan.b_start + 1).remote(
+            [latents_ref], rid, plan.b_start, plan.clips, self.timeouts.handoff)
+        refs = list(refs)
+        self._shares[rid] = refs
+        for r in refs:  # a share A never read (cancel, A failed) must not be logged as an unhandled error
+            r.future().add_done_callback(lambda f: f.cancelled() or f.exception())
+        return refs
+
+    def _alone_record(self, rec: StageRecord, plan: DecodePlan) -> StageRecord:
+        note = "; ".join(x for x in (rec.note, "" if plan.decode_on == "A" else f"A decoded alone: {plan.why}") if x)
+        return dataclasses.replace(rec, note=note, info={**(rec.info or {}), "decode_on": "A", "clips": plan.clips,
+                                                         "why": plan.why})
+
+    def decode_split_local(self, side: ASide, latents: wire.DenoisedLatents, latents_ref, plan: DecodePlan,
+                           should_cancel: Callable[[], bool] | None = None) -> tuple[DecodedMedia, list[StageRecord]]:
+        """A split decode with A in this process: B's share from ``latents_ref`` (in B's store), A's clips and the
+        blend here. Returns the media and ``[decode on A, decode on B?]``."""
+        from .actors import split_decode_records
+
+        rid = latents.request_id
+        cancelled = (lambda: rid in self._cancelled or bool(should_cancel and should_cancel()))  # noqa: E731
+        refs = self._start_b_share(latents_ref, rid, plan)
+        try:
+            share = common.ShareReceiver(refs, plan.b_start, latents.height, latents.width, self.timeouts.handoff,
+                                         rid, cancelled)
+            w1 = time.time()
+            try:
+                media, served = side.decode_split(latents, share, cancelled, validated=True)
+            except sd.DecodeCancelled:
+                self.cancel(rid)
+                raise H3Cancelled(f"request {rid} was cancelled during its decode; A and B stopped.") from None
+        finally:
+            self._shares.pop(rid, None)
+        recs = split_decode_records(rid, ray.util.get_node_ip_address(), w1, media, served, share)
+        return media, self._b_clock(recs)
+
+    def _b_clock(self, records: list[StageRecord]) -> list[StageRecord]:
+        return [dataclasses.replace(r, clock_offset_s=self.clock_offset_s) if r.machine == "B" else r
+                for r in records]
+
+    async def _decode(self, den: Denoised, decode_on: str | None = None,
+                      b_clips: int | None = None) -> tuple[DecodedMedia, list[StageRecord]]:
         rid = den.request_id
+        self._held.pop(rid, None)
         if self.a_mode == "local":
             latents, b_to_a = await asyncio.to_thread(self.receive_local, den)
-            media, dec = await asyncio.to_thread(self.decode_local, latents, rid)
-            self.timings.add([b_to_a, dec])
-            return media, [b_to_a, dec]
-        media_ref, recs_ref = self.a.decode.remote([den.latents_ref], rid, self.timeouts.handoff)
+            shape = (latents.height, latents.width, latents.num_frames)
+            plan = self.plan_decode(*shape, decode_on, b_clips)
+            if plan.mode == "A+B":
+                media, recs = await asyncio.to_thread(self.decode_split_local, self.local_a, latents,
+                                                      den.latents_ref, plan)
+            else:
+                media, dec = await asyncio.to_thread(self.decode_local, latents, rid)
+                recs = [self._alone_record(dec, plan)]
+            self._learn(recs, shape[0], shape[1], plan.clips)
+            self.timings.add([b_to_a, *recs])
+            return media, [b_to_a, *recs]
+        plan = (self.plan_decode(*den.shape, decode_on, b_clips) if den.shape is not None
+                else DecodePlan("A", 0, 0, "the request's canvas is unknown", decode_on or self.decode_on))
+        if plan.mode == "A+B":
+            refs = self._start_b_share(den.latents_ref, rid, plan)
+            media_ref, recs_ref = self.a.decode_split.remote([den.latents_ref], rid, refs, plan.b_start,
+                                                             self.timeouts.handoff)
+        else:
+            media_ref, recs_ref = self.a.decode.remote([den.latents_ref], rid, self.timeouts.handoff)
         try:
             records = await _await_ref(recs_ref, self.timeouts.decode)
             media = await _await_ref(media_ref, self.timeouts.decode)
         except asyncio.TimeoutError as exc:
+            self.cancel(rid)
             raise H3Timeout(f"A did not finish decoding request {rid} within {self.timeouts.decode:.0f} s.") from exc
         except ray.exceptions.RayError as exc:
+            if rid in self._cancelled or type(unwrap_ray_error(exc)).__name__ == "DecodeCancelled":
+                raise H3Cancelled(f"request {rid} was cancelled during its decode; A and B stopped.") from None
             raise _remote_error("A", "decode", rid, exc) from None
+        finally:
+            self._shares.pop(rid, None)
+        if plan.mode == "A":
+            records = [records[0], self._alone_record(records[1], plan)]
+        records = self._b_clock(list(records))
+        if den.shape is not None:
+            self._learn(records, den.shape[0], den.shape[1], plan.clips)
         self.timings.add(records)
         return media, records
+
+    def decode_received(self, side: ASide, latents: wire.DenoisedLatents, decode_on: str | None = None,
+                        should_cancel: Callable[[], bool] | None = None,
+                        b_clips: int | None = None) -> tuple[DecodedMedia, list[StageRecord], DecodePlan]:
+        """Decode latents A already received (ComfyUI's H3Decode): split with B when the plan says so and B still
+        holds them, else on ``side`` alone. Returns the media, the decode records and the plan."""
+        rid = latents.request_id
+        ref = self._held.pop(rid, None)
+        plan = self.plan_decode(latents.height, latents.width, latents.num_frames, decode_on, b_clips, side)
+        if plan.mode == "A+B" and ref is None:
+            plan = DecodePlan("A", plan.clips, plan.clips, "B no longer holds this request's latents",
+                              plan.decode_on)
+        if plan.mode == "A+B":
+            media, recs = self.decode_split_local(side, latents, ref, plan, should_cancel)
+        else:
+            w0, t0 = time.time(), time.perf_counter()
+            media = side.decode(latents)
+            recs = [self._alone_record(
+                StageRecord(rid, "decode", "A", ray.util.get_node_ip_address(), w0, time.time(),
+                            compute_s=time.perf_counter() - t0,
+                            bytes={"frames": int(media.frames.nbytes), "audio": int(media.audio.nbytes)}), plan)]
+        self._learn(recs, latents.height, latents.width, plan.clips)
+        self.timings.add(recs)
+        return media, recs, plan
 
     async def _generate(self, request: H3Request, on_step=None) -> GenerationResult:
         if self._sem is None:
@@ -537,14 +768,23 @@ class H3Executor:
     def denoise(self, enc: Encoded, on_step=None) -> Denoised:
         return self.run_stage(self._denoise(enc, on_step)).result()
 
-    def decode(self, den: Denoised) -> tuple[DecodedMedia, list[StageRecord]]:
-        return self.run_stage(self._decode(den)).result()
+    def decode(self, den: Denoised, decode_on: str | None = None,
+               b_clips: int | None = None) -> tuple[DecodedMedia, list[StageRecord]]:
+        return self.run_stage(self._decode(den, decode_on, b_clips)).result()
 
     def cancel(self, request_id: str) -> None:
-        """Cancel a request: B stops before its next step; a request not yet on B never starts there."""
+        """Cancel a request: B stops before its next step; a request not yet on B never starts there; a split
+        decode stops on both machines before their next clip."""
         self._cancelled.add(request_id)
         if self.b is not None:
             self.b.cancel.remote(request_id)
+        if self.a is not None:
+            self.a.cancel.remote(request_id)
+        for ref in self._shares.get(request_id, ())[:1]:
+            try:
+                ray.cancel(ref)  # still queued on B: never starts (a running share stops at its next clip)
+            except Exception:  # noqa: BLE001 - already finished or not cancellable
+                pass
 
     def shutdown(self, kill_b: bool = False) -> None:
         if ray.is_initialized():
@@ -556,6 +796,14 @@ class H3Executor:
         if kill_b:
             self.b = None
         self._loop.stop()
+
+
+def holder_of(request_id: str) -> "H3Executor | None":
+    """The executor of this process whose B still holds ``request_id``'s latents (denoised, not yet decoded)."""
+    for ex in list(_EXECUTORS):
+        if request_id in ex._held:
+            return ex
+    return None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -574,7 +822,7 @@ def _node_lost_error(machine: str, ip: str, stage: str, rid: str) -> H3Error:
 
 def _remote_error(machine: str, stage: str, rid: str, exc: BaseException) -> H3Error:
     inner = unwrap_ray_error(exc)
-    if type(inner).__name__ == "DenoiseCancelled":
+    if type(inner).__name__ in ("DenoiseCancelled", "DecodeCancelled"):
         return H3Cancelled(str(inner))
     if isinstance(exc, (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)):
         return H3Error(

@@ -22,6 +22,7 @@ A plan that does not fit raises :class:`MemoryPlanError` before any load, with t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -366,14 +367,17 @@ def _class_of(folder: pathlib.Path):
     return None
 
 
-def folder_bytes(folder: pathlib.Path, dtype: str) -> ComponentPlan:
-    """Resident bytes of a diffusers/transformers component folder loaded at ``dtype``, from its headers."""
+def folder_bytes(folder: pathlib.Path, dtype: str, exclude: tuple[str, ...] = ()) -> ComponentPlan:
+    """Resident bytes of a diffusers/transformers component folder loaded at ``dtype``, from its headers (tensors
+    whose names start with an ``exclude`` prefix are not counted: freed after loading)."""
     cls = _class_of(folder)
     size = DTYPE_BYTES[dtype]
     total, n = 0, 0
     for f in sorted(folder.glob("*.safetensors")):
         tensors, _ = formats.read_safetensors_header(f)
         for name, t in tensors.items():
+            if exclude and name.startswith(exclude):
+                continue
             n += 1
             if t.dtype not in ("F32", "F16", "BF16", "F64"):
                 total += t.nbytes
@@ -421,6 +425,32 @@ def plan_a(model_dir: str | os.PathLike, components: tuple[str, ...], dtype: str
         if alt.need_bytes <= plan.usable_bytes:
             plan.options = [("bfloat16", alt.need_bytes)]
     return plan
+
+
+#: the video VAE's modules a decode never uses; B frees them after loading (its split-decode share only decodes)
+VAE_ENCODER_PREFIXES = ("encoder.", "quant_conv.")
+
+
+def plan_b_decoder(base: MemoryPlan, model_dir: str | os.PathLike, dtype: str = "bfloat16",
+                   device: str = "cpu") -> MemoryPlan | None:
+    """B's plan with the video VAE's decoder added (split decode), checked by the caller with ``fits``: ``base``
+    (B's transformer plan) + the VAE at ``dtype`` without its encoder + decode working memory at ``base``'s canvas.
+    B decodes its share between two denoises (one queue), so working memory is the larger of the two, not the sum.
+    ``None`` when the model folder has no ``vae/``."""
+    folder = pathlib.Path(os.path.expanduser(str(model_dir))) / "vae"
+    if not (folder / "config.json").is_file():
+        return None
+    full = folder_bytes(folder, dtype).bytes
+    kept = folder_bytes(folder, dtype, exclude=VAE_ENCODER_PREFIXES)
+    comp = ComponentPlan("vae decoder", dtype, kept.bytes, full - kept.bytes,
+                         f"video VAE without its encoder ({kept.detail}); loads whole first")
+    try:
+        channels = int(json.loads((folder / "config.json").read_text())["block_out_channels"][0])
+    except Exception:  # noqa: BLE001
+        channels = 128
+    working = max(base.working_bytes, working_bytes_a(dtype, base.canvas, device, channels))
+    return dataclasses.replace(base, label=f"{base.label} + video VAE decoder", components=[*base.components, comp],
+                               working_bytes=working, options=[])
 
 
 # ---------------------------------------------------------------------------------------------------- real size

@@ -1,9 +1,10 @@
 """The one wire contract between A (encoders, VAEs) and B (the DiT), shared by both ends.
 
-Two frozen dataclasses cross the machines, and nothing else:
+Frozen dataclasses cross the machines, and nothing else:
 
 * :class:`EncodedRequest` (A->B): what diffusers' ``denoise.*`` blocks read from the encode blocks, minimal.
 * :class:`DenoisedLatents` (B->A): what the ``decode.*`` blocks read back.
+* :class:`DecodedClip` (B->A, split decode only): one video VAE clip B decoded from the latents it holds.
 
 Tensors travel as :class:`WireTensor`, a numpy array plus its torch dtype name. Ray serialises numpy arrays
 out-of-band (pickle protocol 5), so the receiver gets a zero-copy, read-only view of the object store; bf16, which
@@ -305,6 +306,36 @@ class DenoisedLatents:
         self.audio_latents.check(
             "audio_latents", ("float32",), (AUDIO_CHANNELS, AUDIO_LATENT_CHANNELS, audio_latent_frames(self.num_frames))
         )
+        return self
+
+
+@dataclass(frozen=True)
+class DecodedClip:
+    """B->A in a split decode: one temporal clip of the video VAE, decoded on B (``split_decode``): the raw
+    ``_decode_clip`` output (1, 3, frames, height, width) in the VAE's compute dtype, clip ``index`` of ``of``."""
+
+    request_id: str
+    index: int
+    of: int
+    frames: WireTensor
+    schema_version: int = SCHEMA_VERSION
+
+    def tensors(self) -> dict[str, WireTensor]:
+        return {"frames": self.frames}
+
+    @property
+    def nbytes(self) -> int:
+        return self.frames.nbytes
+
+    def validate(self, height: int, width: int, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> "DecodedClip":
+        """Shape, dtype and size; not finiteness (a decoded clip is large, and a NaN in it is no wire fault)."""
+        _check_version(self, "B->A clip")
+        if not isinstance(self.index, int) or not isinstance(self.of, int) or not 0 <= self.index < self.of:
+            raise WireError(f"clip index {self.index!r} of {self.of!r} is not a clip of the request.")
+        self.frames.check(f"clip {self.index} frames", _FLOAT_DTYPES, (1, 3, None, height, width), finite=False)
+        if self.nbytes > max_bytes:
+            raise WireError(f"clip {self.index} of request {self.request_id} is {self.nbytes} bytes, over the "
+                            f"{max_bytes}-byte cap (H3_MAX_PAYLOAD_BYTES): raise the cap on both machines.")
         return self
 
 

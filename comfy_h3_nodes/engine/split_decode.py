@@ -1,0 +1,255 @@
+"""Split decode: the video VAE's temporal clips decoded on both machines and blended on A, bit for bit.
+
+Data contract (shared/design.md sections 1, 2 and 8):
+
+* input: the still normalised B->A ``latents`` (1, 24, F', H/16, W/16) fp32 of one request (``wire.DenoisedLatents``),
+  the same tensor on both machines (B reads it from its own object store; it never waits for the B->A hand-off);
+* clips: diffusers' ``AutoencoderKLMiniMaxH3._decode`` de-normalises the latents and decodes them in ``num_clips``
+  independent temporal clips (``_decode_clip`` over ``tokens_chunk_size + token_overlap`` latent frames each,
+  spatially tiled), then cross-fades consecutive clips over ``frame_overlap`` pixel frames. Clip ``i``'s raw output is
+  (1, 3, 4 x 7, H, W) in the VAE's compute dtype; 124 frames are 7 clips, 345 frames 20;
+* a decode share (:func:`decode_share`, run by B, and by A in its tests) is clips ``[start, stop)`` decoded with the
+  real ``_decode_clip``; B's clips cross to A one object per clip (``wire.DecodedClip``);
+* the blend (:func:`serve_clips`) runs diffusers' own decode blocks on A unchanged (latent de-normalisation,
+  ``vae.decode`` with its clip loop and cross-fade, the pixel de-normalisation, ``postprocess_video``, the audio
+  decode) with ``vae._decode_clip`` answering each clip index from a provider: B's clips come from B's share, every
+  other clip is decoded there by the real ``_decode_clip`` (A's share, or B's clips when B's share was lost). Every
+  clip's input is checked equal to the one diffusers hands over, so a diffusers release that slices its clips
+  differently fails loudly instead of blending wrong frames.
+
+Only the clip inputs (:func:`clip_inputs`: de-normalise, cast, pad, slice) restate diffusers' arithmetic, because B
+needs them without running the loop; the check above compares them with diffusers' own on every split decode. The
+cross-fade itself is diffusers' code, never restated here.
+
+The share policy (:func:`choose_b_clips`): B decodes the last ``k`` clips, A the first ``n - k`` and then blends, so
+A's own clips never wait for B's; ``k`` minimises the predicted finish ``max(A's clips, B's clips - B's lead) +
+fetching B's frames`` from each side's measured seconds per clip (:class:`ClipClock`): a slower side gets fewer
+clips.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pathlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+DECODE_ON = ("auto", "A", "A+B")
+
+
+class SplitDecodeError(RuntimeError):
+    """The split decode cannot be bit-identical (diffusers sliced a clip differently, or a share is malformed)."""
+
+
+class DecodeCancelled(RuntimeError):
+    """A decode share stopped between two clips because its request was cancelled."""
+
+
+# ---------------------------------------------------------------------------------------------------- clip geometry
+def geometry(vae) -> dict:
+    """The VAE's temporal chunking as diffusers derives it (what :func:`clips_for` needs, without the VAE)."""
+    return {"tokens_chunk_size": int(vae.tokens_chunk_size), "token_drop": int(vae.config.token_drop)}
+
+
+def clips_for(geom: dict, latent_frames: int) -> int:
+    """How many clips ``vae._decode`` decodes for ``latent_frames`` (its own loop bound)."""
+    tcs, drop = geom["tokens_chunk_size"], geom["token_drop"]
+    tokens = latent_frames + drop
+    return (tokens + (-tokens) % tcs) // tcs - int(drop > 0)
+
+
+def num_clips(vae, latent_frames: int) -> int:
+    return clips_for(geometry(vae), latent_frames)
+
+
+def vae_fingerprint(folder: str | os.PathLike) -> str:
+    """A cheap identity of a video VAE folder: its config, each weight file's size and header, and the first and last
+    64 KiB of its data. Two machines split a decode only when their fingerprints (and dtypes) agree: the frames are
+    bit-identical only from the same weights."""
+    root = pathlib.Path(folder)
+    h = hashlib.sha256()
+    cfg = root / "config.json"
+    h.update(cfg.read_bytes() if cfg.is_file() else b"")
+    for f in sorted(root.glob("*.safetensors")):
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            h.update(str(size).encode() + head + fh.read(min(n, 1 << 24)) + fh.read(1 << 16))
+            fh.seek(max(size - (1 << 16), 0))
+            h.update(fh.read(1 << 16))
+    return h.hexdigest()[:16]
+
+
+def clip_inputs(vae, latents) -> list:
+    """The input of each clip as diffusers' decode block and ``_decode`` build it: ``latents * std + mean`` (the
+    block), cast to the decoder's dtype (``decode``), the last latent frame repeated up to whole chunks and the
+    ``tokens_chunk_size + token_overlap`` frame window of each clip (``_decode``)."""
+    import torch
+    from diffusers.models.modeling_utils import get_parameter_dtype
+
+    device = next(vae.post_quant_conv.parameters()).device
+    latents = latents.to(device)
+    mean = torch.tensor(vae.config.latents_mean, device=device).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std, device=device).view(1, -1, 1, 1, 1)
+    z = (latents * std + mean).to(get_parameter_dtype(vae.post_quant_conv))
+    tcs, drop = vae.tokens_chunk_size, vae.config.token_drop
+    pad = (-(z.shape[2] + drop)) % tcs
+    if pad > 0:
+        z = torch.cat([z, z[:, :, -1:].repeat(1, 1, pad, 1, 1)], dim=2)
+    return [z[:, :, i * tcs: i * tcs + tcs + vae.token_overlap] for i in range(num_clips(vae, latents.shape[2]))]
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------------------------------- a share
+@dataclass
+class Share:
+    """Clips ``[start, stop)`` of one request, decoded; ``seconds`` per clip."""
+
+    start: int
+    stop: int
+    of: int
+    clips: list = field(default_factory=list)
+    seconds: list = field(default_factory=list)
+
+    @property
+    def compute_s(self) -> float:
+        return float(sum(self.seconds))
+
+
+def decode_share(vae, latents, start: int, stop: int, should_cancel: Callable[[], bool] | None = None) -> Share:
+    """Clips ``[start, stop)`` of ``latents`` (normalised, as B->A) with the real ``_decode_clip``."""
+    import torch
+
+    with torch.no_grad():
+        inputs = clip_inputs(vae, latents)
+        n = len(inputs)
+        if not 0 <= start <= stop <= n:
+            raise SplitDecodeError(f"decode share [{start}, {stop}) is outside the request's {n} clips.")
+        share = Share(start, stop, n)
+        for i in range(start, stop):
+            if should_cancel is not None and should_cancel():
+                raise DecodeCancelled(f"decode share stopped before clip {i + 1}/{n}: the request was cancelled")
+            t0 = time.perf_counter()
+            clip = vae._decode_clip(inputs[i])
+            _sync(clip.device)
+            share.seconds.append(time.perf_counter() - t0)
+            share.clips.append(clip)
+    return share
+
+
+# ---------------------------------------------------------------------------------------------------- the blend
+@dataclass
+class ServeLog:
+    """What the blend used: clips served by the provider, clips decoded in place (with their seconds)."""
+
+    clips: int = 0
+    served: list = field(default_factory=list)
+    decoded: list = field(default_factory=list)
+    decoded_s: list = field(default_factory=list)
+    calls: int = 0
+
+    @property
+    def decoded_compute_s(self) -> float:
+        return float(sum(self.decoded_s))
+
+
+@contextlib.contextmanager
+def serve_clips(vae, latents, provider: Callable[[int], object | None], should_cancel: Callable[[], bool] | None = None):
+    """While active, ``vae.decode`` of these ``latents`` (diffusers' decode blocks on A) takes clip ``i`` from
+    ``provider(i)``, or decodes it with the real ``_decode_clip`` when the provider returns ``None``. Yields a
+    :class:`ServeLog`. The caller serialises decodes on this VAE (the override is on the instance)."""
+    import torch
+
+    expected = clip_inputs(vae, latents)
+    real = vae._decode_clip
+    log = ServeLog(clips=len(expected))
+
+    def served(z):
+        i = log.calls
+        log.calls += 1
+        if i >= len(expected) or z.shape != expected[i].shape or not torch.equal(z, expected[i]):
+            raise SplitDecodeError(
+                f"diffusers decoded clip {i} from another latent window than comfy-h3 computes "
+                f"({tuple(z.shape)} vs {tuple(expected[i].shape) if i < len(expected) else 'no such clip'}): this "
+                "diffusers release slices its clips differently; decode on A alone (decode_on 'A')."
+            )
+        if should_cancel is not None and should_cancel():
+            raise DecodeCancelled(f"decode stopped before clip {i + 1}/{len(expected)}: the request was cancelled")
+        clip = provider(i)
+        if should_cancel is not None and should_cancel():  # it may have been waiting for B's share
+            raise DecodeCancelled(f"decode stopped before clip {i + 1}/{len(expected)}: the request was cancelled")
+        if clip is not None:
+            log.served.append(i)
+            return clip.to(z.device)
+        t0 = time.perf_counter()
+        out = real(z)
+        _sync(out.device)
+        log.decoded.append(i)
+        log.decoded_s.append(time.perf_counter() - t0)
+        return out
+
+    vae._decode_clip = served  # an instance attribute: diffusers' ``self._decode_clip(...)`` finds it first
+    try:
+        yield log
+    finally:
+        vae.__dict__.pop("_decode_clip", None)
+    if log.calls != len(expected):
+        raise SplitDecodeError(f"diffusers decoded {log.calls} clips where comfy-h3 expects {len(expected)}.")
+
+
+# ---------------------------------------------------------------------------------------------------- policy
+def choose_b_clips(n: int, a_clip_s: float, b_clip_s: float, b_lead_s: float = 0.0,
+                   fetch_clip_s: float = 0.0) -> int:
+    """How many of the ``n`` clips B decodes (the last ones): the ``k`` with the earliest predicted end of the
+    blend, ``max((n - k) * a_clip_s, k * b_clip_s - b_lead_s) + k * fetch_clip_s`` (A decodes its clips, waits for
+    B's, fetches them); ties go to fewer B clips."""
+    best_k, best_t = 0, float("inf")
+    for k in range(n + 1):
+        t = max((n - k) * a_clip_s, k * b_clip_s - b_lead_s) + k * fetch_clip_s
+        if t < best_t - 1e-12:
+            best_k, best_t = k, t
+    return best_k
+
+
+def predicted_s(n: int, k: int, a_clip_s: float, b_clip_s: float, b_lead_s: float = 0.0,
+                fetch_clip_s: float = 0.0) -> float:
+    return max((n - k) * a_clip_s, k * b_clip_s - b_lead_s) + k * fetch_clip_s
+
+
+class ClipClock:
+    """Each side's measured seconds per clip, per megapixel of canvas (a clip's cost grows with its tiles), as an
+    exponential moving average; and the seconds per clip B's frames took to reach A."""
+
+    def __init__(self, alpha: float = 0.5):
+        self.alpha = alpha
+        self.per_mpx: dict[str, float] = {}
+        self.fetch_per_mpx: float | None = None
+
+    def _ema(self, old, new):
+        return new if old is None else (1 - self.alpha) * old + self.alpha * new
+
+    def add(self, side: str, clips: int, seconds: float, height: int, width: int) -> None:
+        if clips > 0 and seconds > 0:
+            mpx = height * width / 1e6
+            self.per_mpx[side] = self._ema(self.per_mpx.get(side), seconds / clips / mpx)
+
+    def add_fetch(self, clips: int, seconds: float, height: int, width: int) -> None:
+        if clips > 0:
+            self.fetch_per_mpx = self._ema(self.fetch_per_mpx, seconds / clips / (height * width / 1e6))
+
+    def clip_s(self, side: str, height: int, width: int) -> float | None:
+        v = self.per_mpx.get(side)
+        return None if v is None else v * height * width / 1e6
+
+    def fetch_clip_s(self, height: int, width: int) -> float:
+        return 0.0 if self.fetch_per_mpx is None else self.fetch_per_mpx * height * width / 1e6

@@ -1,0 +1,233 @@
+"""Split decode: B decodes the last clips of a request's video from the latents it holds, A the rest and blends them;
+the frames are bit-identical to diffusers' own decode (torch pinned to one thread on both sides, conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from comfy_h3_nodes.engine import split_decode as sd
+from comfy_h3_nodes.engine import wire
+from conftest import single_process_reference, workflow_request
+
+
+def _latents(frames: int, height: int = 64, width: int = 96, seed: int = 0) -> wire.DenoisedLatents:
+    g = torch.Generator().manual_seed(seed)
+    lat_f = wire.video_latent_frames(frames)
+    return wire.DenoisedLatents(
+        f"unit-{frames}-{seed}", "t2va", height, width, frames,
+        wire.WireTensor.from_torch(torch.randn(1, 24, lat_f, height // 16, width // 16, generator=g)),
+        wire.WireTensor.from_torch(torch.randn(2, 32, wire.audio_latent_frames(frames), generator=g)))
+
+
+@pytest.fixture(scope="module")
+def a_side(tiny_ckpt):
+    from comfy_h3_nodes.engine.a_side import ASide
+
+    return ASide(str(tiny_ckpt), dtype="float32")
+
+
+# ---------------------------------------------------------------------------------------------------- no cluster
+@pytest.mark.parametrize("frames,b_clips", [(39, 1), (124, 1), (124, 3), (124, 6), (124, 7)])
+def test_split_decode_shares_blend_bit_exact(a_side, frames, b_clips):
+    """Clips [n-k, n) decoded as a share, the rest decoded in the blend: the frames diffusers' decode gives."""
+    lat = _latents(frames)
+    expected = a_side.decode(lat)
+    n = a_side.num_clips(lat)
+    assert n == {39: 2, 124: 7}[frames]
+    share = a_side.decode_share(lat, n - b_clips, n)
+    clips = {share.start + j: c for j, c in enumerate(share.clips)}
+    media, log = a_side.decode_split(lat, clips.get)
+    assert np.array_equal(media.frames, expected.frames) and np.array_equal(media.audio, expected.audio)
+    assert log.served == list(range(n - b_clips, n)) and log.decoded == list(range(n - b_clips))
+
+
+def test_split_decode_refuses_a_foreign_clip_window(a_side):
+    """A clip whose input differs from diffusers' own slice is refused, never blended."""
+    lat, other = _latents(124, seed=1), _latents(124, seed=2)
+    media_ref = a_side.decode(lat)
+    with pytest.raises(sd.SplitDecodeError, match="another latent window"):
+        with sd.serve_clips(a_side.vae, other.latents.to_torch(), lambda i: None):
+            a_side.decode_raw(lat)
+    assert np.array_equal(a_side.decode(lat).frames, media_ref.frames)  # the override is gone afterwards
+
+
+def test_split_decode_share_policy():
+    assert sd.choose_b_clips(7, 1.0, 1.0) == 3  # equal machines: A 4 (it also fetches), B 3
+    assert sd.choose_b_clips(20, 1.0, 1.0) == 10
+    assert sd.choose_b_clips(7, 1.0, 2.0) == 2  # a slower B gets fewer clips
+    assert sd.choose_b_clips(7, 2.0, 1.0) == 5  # a slower A gives more to B (A 2 x 2 s, B 5 x 1 s)
+    assert sd.choose_b_clips(7, 1.0, 50.0) == 0  # far slower: A alone
+    assert sd.choose_b_clips(7, 1.0, 1.0, fetch_clip_s=1.5) == 0  # frames dearer to fetch than to decode: A alone
+    clock = sd.ClipClock()
+    clock.add("A", 4, 2.0, 100, 100)
+    assert clock.clip_s("A", 200, 100) == pytest.approx(1.0)  # scales with the canvas
+    assert clock.clip_s("B", 100, 100) is None
+
+
+# ---------------------------------------------------------------------------------------------------- cluster
+@pytest.mark.parametrize("workflow", ["t2va", "fl2va", "ref2va"])
+def test_split_decode_two_node_bit_exact(executor, tiny_ckpt, media, workflow):
+    """Every workflow, B with one clip, several clips, and all but A's one clip: diffusers' frames bit for bit."""
+    req, _ = workflow_request(workflow, media)
+    expected = single_process_reference(tiny_ckpt, workflow, media)
+    den = executor.denoise(executor.encode(req))
+    for b_clips in (1, 3, 6):
+        out, records = executor.decode(den, decode_on="A+B", b_clips=b_clips)
+        assert np.array_equal(out.frames, expected["videos"][0]), b_clips
+        assert np.array_equal(out.audio, expected["audio"][0].numpy())
+        a_rec = next(r for r in records if r.stage == "decode" and r.machine == "A")
+        b_rec = next(r for r in records if r.stage == "decode" and r.machine == "B")
+        assert a_rec.info["b_clips"] == [7 - b_clips, 7] and a_rec.info["a_decoded"] == list(range(7 - b_clips))
+        assert b_rec.info["clips"] == [7 - b_clips, 7] and b_rec.node == executor.topology.b.ip
+        assert b_rec.bytes["frames"] == a_rec.bytes["b_frames"] == b_clips * 28 * 64 * 64 * 3 * 4
+        assert a_rec.fetch_s > 0 and b_rec.compute_s > 0 and "split decode" in a_rec.note
+        assert [r.stage for r in records] == ["b_to_a", "decode", "decode"]
+
+
+def test_split_decode_auto_policy(executor, media):
+    """auto: A alone until A's clip time is measured, then split while B is free; with B's queue busy, A alone."""
+    old = executor.min_split_s, executor.clip_clock
+    executor.min_split_s, executor.clip_clock = 0.0, sd.ClipClock()
+    try:
+        first = executor.generate(workflow_request("t2va", media, seed=31)[0])
+        dec = [r for r in first.records if r.stage == "decode"]
+        assert [r.machine for r in dec] == ["A"] and "not measured yet" in dec[0].note
+        second = executor.generate(workflow_request("t2va", media, seed=32)[0])
+        assert sorted(r.machine for r in second.records if r.stage == "decode") == ["A", "B"]
+        assert np.array_equal(second.media.frames, executor.decode(
+            executor.denoise(executor.encode(workflow_request("t2va", media, seed=32)[0])), decode_on="A")[0].frames)
+        assert executor.clip_clock.clip_s("B", 64, 64) is not None
+        # two requests in flight: the first decodes while the second waits for B -> A alone
+        results = executor.run_many([workflow_request("t2va", media, seed=s)[0] for s in (33, 34)])
+        first_dec = [r for r in results[0].records if r.stage == "decode"]
+        assert [r.machine for r in first_dec] == ["A"] and "waiting" in first_dec[0].note
+        assert "B" in {r.machine for r in results[1].records if r.stage == "decode"}
+    finally:
+        executor.min_split_s, executor.clip_clock = old
+
+
+def test_split_decode_plan_without_b_decoder(executor):
+    """A B that holds no video VAE (its plan said no) never gets a share, even with A+B: the record says why."""
+    b = executor.last_health["B"]
+    assert b["video_vae"]["resident"] and "resident" in b["video_vae"]["note"]
+    assert b["memory_plan"]["video_vae"]["plan"]["fits"]
+    saved = b["video_vae"]
+    try:
+        b["video_vae"] = {"resident": False, "note": "not loaded, it does not fit: B plan (...)"}
+        plan = executor.plan_decode(64, 64, 124, "A+B")
+        assert plan.mode == "A" and "does not fit" in plan.why
+        b["video_vae"] = {**saved, "dtype": "bfloat16"}
+        plan = executor.plan_decode(64, 64, 124, "A+B")
+        assert plan.mode == "A" and "would differ" in plan.why
+    finally:
+        b["video_vae"] = saved
+
+
+def test_split_decode_b_plan_refuses_decoder_that_does_not_fit(tiny_ckpt):
+    """B's memory plan decides: with room for the transformer but not the VAE's decoder, B loads no decoder."""
+    from remote_worker.b_side import BSide
+
+    fits = BSide(str(tiny_ckpt), dtype="float32", device="cpu")
+    assert fits.vae is not None and "vae" in fits.resident() and fits.vae.encoder is None
+    need = fits.decoder_plan.need_bytes
+    base = fits.memory_plan.need_bytes
+    assert need > base
+    tight = BSide(str(tiny_ckpt), dtype="float32", device="cpu", residency="both",
+                  memory_limit_bytes=int((base + (need - base) // 2) / 0.97))
+    assert tight.vae is None and "does not fit" in tight.decoder_note
+    assert not tight.memory_report()["video_vae"]["resident"]
+
+
+# ---------------------------------------------------------------------------------------------------- A in this process
+@pytest.fixture(scope="module")
+def local_split(ray_cluster, tiny_ckpt, a_side):
+    """A in this process (as inside ComfyUI), a B of its own whose decode share first sleeps 2 s (tests only), so
+    it can be killed or cancelled during its share."""
+    import ray
+
+    from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+
+    ex = H3Executor(SideConfig(""), BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_split_test",
+                                            max_restarts=0, synthetic_stages={"decode_share": 2.0}),
+                    a_mode="local", local_a=a_side,
+                    timeouts=Timeouts(start=120, health=10, encode=60, handoff=60, stall=60, decode=60, poll=0.05))
+    ex.start()
+    yield ex
+    if ex.b is not None:
+        ray.kill(ex.b, no_restart=True)
+    ex.shutdown()
+
+
+def _denoised(ex, a_side, media, seed):
+    req, _ = workflow_request("t2va", media, seed=seed)
+    enc = ex.put_payload(a_side.encode(req), time.time(), 0.0)
+    den = ex.submit_denoise(enc).result(timeout=60)
+    latents, _ = ex.receive_local(den)
+    return den, latents
+
+
+def test_split_decode_node_path_bit_exact(local_split, a_side, tiny_ckpt, media):
+    """ComfyUI's H3Decode: the DiT that denoised the request splits its decode (A+B), frames as diffusers'."""
+    from comfy_h3_nodes import nodes as N
+
+    den, latents = _denoised(local_split, a_side, media, seed=7)
+    out = N.H3Decode().decode(a_side, N.Latents(latents, den.records), decode_on="A+B", unique_id="6")
+    images, audio, fps = out["result"]
+    expected = single_process_reference(tiny_ckpt, "t2va", media)
+    assert np.array_equal(images.numpy(), expected["videos"][0])
+    assert np.array_equal(audio["waveform"][0].numpy(), expected["audio"][0].numpy())
+    stages = out["ui"]["h3_timing"][0]["stages"]
+    assert [(s["stage"], s["machine"]) for s in stages] == [("decode", "B"), ("decode", "A")]
+    assert "B decodes clips" in out["ui"]["h3_timing"][0]["summary"]["decode_on"]
+    # the latents were handed over: a second decode of them is A's alone, and says why
+    again = N.H3Decode().decode(a_side, N.Latents(latents, den.records), decode_on="A+B")
+    assert [s["machine"] for s in again["ui"]["h3_timing"][0]["stages"]] == ["A"]
+    assert np.array_equal(again["result"][0].numpy(), expected["videos"][0])
+
+
+def test_split_decode_cancel_stops_both_sides(local_split, a_side, media):
+    import ray
+
+    from comfy_h3_nodes.engine.executor import H3Cancelled
+
+    den, latents = _denoised(local_split, a_side, media, seed=41)
+    captured = []
+    start = local_split._start_b_share
+    local_split._start_b_share = lambda *a: captured.append(start(*a)) or captured[-1]
+    try:
+        plan = local_split.plan_decode(64, 64, 124, "A+B", b_clips=3)
+        timer = threading.Timer(0.5, local_split.cancel, args=(latents.request_id,))
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(H3Cancelled, match="cancelled"):
+            local_split.decode_split_local(a_side, latents, den.latents_ref, plan)
+        assert time.monotonic() - t0 < 1.9  # A stopped while B's share still slept
+        with pytest.raises(ray.exceptions.RayTaskError, match="cancelled"):
+            ray.get(captured[0][-1], timeout=30)  # B stopped before its first clip
+    finally:
+        local_split._start_b_share = start
+        local_split._cancelled.discard(latents.request_id)
+
+
+def test_split_decode_b_killed_during_share_a_decodes_its_clips(local_split, a_side, tiny_ckpt, media):
+    """B's actor dies during its share: A decodes B's clips itself, the frames are unchanged, the note says so."""
+    import ray
+
+    den, latents = _denoised(local_split, a_side, media, seed=7)
+    pid = ray.get(local_split.b.health.remote(), timeout=10)["pid"]
+    plan = local_split.plan_decode(64, 64, 124, "A+B", b_clips=3)
+    threading.Timer(0.8, os.kill, args=(pid, signal.SIGKILL)).start()
+    out, records = local_split.decode_split_local(a_side, latents, den.latents_ref, plan)
+    expected = single_process_reference(tiny_ckpt, "t2va", media)
+    assert np.array_equal(out.frames, expected["videos"][0])
+    assert [r.machine for r in records] == ["A"]
+    note = records[0].note
+    assert "B's share was lost" in note and "A decoded B's clips 4-6 itself" in note, note
+    assert records[0].info["a_decoded"] == list(range(7))
