@@ -13,7 +13,9 @@ with a new element when the tab is reopened. This test runs the pack's web/ file
   push a recorded ComfyUI run of the pack (tests/web/fixtures/comfyui_ws_h3_trace.jsonl);
 - headless Chromium opens the H3 tab by clicking its button, checks the request rows from /h3/timings, pushes the run
   and checks that the panel and the H3RemoteDenoise node readout follow it live, then closes and reopens the tab;
-  once with the classic LiteGraph canvas and once with Vue nodes (setting ``Comfy.VueNodes.Enabled``).
+  once with the classic LiteGraph canvas and once with Vue nodes (setting ``Comfy.VueNodes.Enabled``);
+- B's model list (``models.B`` of /h3/status, ``summary.b_models`` of H3RemoteDiT's h3.timing) becomes the choices
+  of every H3RemoteDiT node's ``model_path`` combo, the node's value kept; in Vue-node mode the opened select shows it.
 
 Needs Debian's ``chromium``, PyPI's ``playwright`` and ``comfyui-frontend-package`` (the ``[test]`` extra pins the
 version the fixtures were recorded with). Missing any fails with instructions, unless ``H3_SKIP_BROWSER=1``.
@@ -482,4 +484,93 @@ def test_sidebar_panel_and_readouts_in_the_real_frontend(frontend, vue):
         p.assert_clean()
         assert "h3/timings" in server.hits
     finally:
+        p.close()
+
+
+# ---------------------------------------------------------------------------------------------------- model pickers
+
+STATUS_B_MODELS = ["/models/B/from-status", "tiny-random"]
+TIMING_B_MODELS = ["/models/B/MiniMax-H3", "/models/B/vendor/MiniMax-H3-turbo", "tiny-random"]
+TYPED_ON_B = "/typed/path/on/B"
+
+
+def _dit_picker(page, node_id=None):
+    """``{id, type, values, value}`` of an H3RemoteDiT node's model_path widget (the first such node by default)."""
+    return page.evaluate("""(id) => {
+        const nodes = window.app.graph.nodes.filter((n) => n.type === 'H3RemoteDiT');
+        const n = id === null ? nodes[0] : nodes.find((x) => String(x.id) === String(id));
+        const w = n?.widgets?.find((w) => w.name === 'model_path');
+        if (!w) return null;
+        const v = w.options?.values;
+        return {id: n.id, type: w.type, values: Array.isArray(v) ? [...v] : v ?? null, value: w.value};
+    }""", node_id)
+
+
+@pytest.mark.parametrize("vue", [False, True], ids=["litegraph", "vue-nodes"])
+def test_model_picker_offers_what_b_reported(frontend, vue):
+    """B's model list, from /h3/status (`models.B`) and from H3RemoteDiT's h3.timing (`summary.b_models`), becomes
+    the choices of every H3RemoteDiT node's model_path combo; the node's current value is kept."""
+    browser, server = frontend
+    p = FrontendPage(browser, server, vue=vue)
+    server.status = {**STATUS_OK, "models": {"A": ["tiny-random"], "B": STATUS_B_MODELS}}
+    try:
+        p.page.evaluate("(wf) => window.app.loadGraphData(wf)", live_graph())
+        p.page.wait_for_function("() => window.app.graph.nodes.some((n) => n.type === 'H3RemoteDiT')")
+        before = _dit_picker(p.page)
+        assert before["type"] == "combo" and "tiny-random" in before["values"], before
+        dit_id = before["id"]
+        # a typed path on B (API prompts, older workflows) is not among the choices: it must stay as it is
+        p.page.evaluate("""([id, v]) => {
+            const w = window.app.graph.getNodeById(id).widgets.find((w) => w.name === 'model_path');
+            w.value = v;
+        }""", [dit_id, TYPED_ON_B])
+
+        # ---- /h3/status, fetched when the H3 tab opens
+        p.toggle_tab()
+        p.panel().wait_for()
+        p.page.wait_for_function("""([id, want]) => {
+            const w = window.app.graph.getNodeById(id)?.widgets?.find((w) => w.name === 'model_path');
+            return JSON.stringify(w?.options?.values) === JSON.stringify(want);
+        }""", arg=[dit_id, STATUS_B_MODELS])
+        assert _dit_picker(p.page, dit_id)["value"] == TYPED_ON_B
+
+        # ---- an h3.timing of H3RemoteDiT (what the node sends after connecting) carries B's list
+        event = {"type": "h3.timing", "data": {
+            "prompt_id": "p-models", "node": str(dit_id), "node_type": "H3RemoteDiT", "request_id": None,
+            "stages": [], "summary": {"compute_s": 0.25, "machine": "B", "b_models": TIMING_B_MODELS}}}
+        # the same list from another node type means nothing to the picker
+        other = {"type": "h3.timing", "data": {**event["data"], "node": "5", "node_type": "H3RemoteDenoise",
+                                               "summary": {"compute_s": 1.0, "b_models": ["/not/a/picker/list"]}}}
+        server.push([other, event])
+        p.page.wait_for_function("""([id, want]) => {
+            const w = window.app.graph.getNodeById(id)?.widgets?.find((w) => w.name === 'model_path');
+            return JSON.stringify(w?.options?.values) === JSON.stringify(want);
+        }""", arg=[dit_id, TIMING_B_MODELS])
+        picker = _dit_picker(p.page, dit_id)
+        assert picker["values"] == TIMING_B_MODELS and picker["value"] == TYPED_ON_B, picker
+
+        # ---- a H3RemoteDiT added afterwards offers the same list
+        new_id = p.page.evaluate("""() => {
+            const n = window.LiteGraph.createNode('H3RemoteDiT');
+            n.pos = [80, 520];
+            window.app.graph.add(n);
+            return n.id;
+        }""")
+        p.page.wait_for_function("""([id, want]) => {
+            const w = window.app.graph.getNodeById(id)?.widgets?.find((w) => w.name === 'model_path');
+            return JSON.stringify(w?.options?.values) === JSON.stringify(want);
+        }""", arg=[new_id, TIMING_B_MODELS])
+
+        if vue:  # what the user sees: the Vue node's select lists B's models when opened
+            field = p.page.locator(f'[data-node-id="{dit_id}"] [data-testid="node-widget"]').filter(has_text="model_path")
+            trigger = field.locator('[role="combobox"]')
+            assert trigger.inner_text().strip() == TYPED_ON_B
+            trigger.click()
+            p.page.locator('[role="option"]').first.wait_for()
+            shown = [t.strip() for t in p.page.locator('[role="option"]').all_inner_texts()]
+            assert shown == TIMING_B_MODELS, shown
+            p.page.keyboard.press("Escape")
+        p.assert_clean()
+    finally:
+        server.status = STATUS_OK
         p.close()

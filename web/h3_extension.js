@@ -8,12 +8,17 @@
 //   closes and render() with a fresh `el` when it is reopened (its slot may also call render again with the same
 //   `el`): one panel object lives for the whole session, is moved into whatever element render() hands over, and
 //   is drawn whether or not that element is attached yet;
+// - the `model_path` picker of every H3RemoteDiT node offers what machine B reported it has (`b_models` of the
+//   node's h3.timing, `models.B` of /h3/status), the node's current value kept as it is;
 // - every handler is wrapped: nothing here throws into the console (console.warn at most).
 // The logic lives in h3_view.js, h3_timeline.js and h3_dom.js (no ComfyUI import there).
 
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { DEFAULT_WARN_PERCENT, H3Store, isH3NodeType, readoutModel, statusModel } from "./h3_view.js";
+import {
+  B_MODEL_NODE_TYPE, bModelsFrom, DEFAULT_WARN_PERCENT, H3Store, isH3NodeType, MODEL_WIDGET, readoutModel, sameChoices,
+  statusModel,
+} from "./h3_view.js";
 import {
   createFloatingPanel, createReadoutElement, downloadText, ensureStyles, renderReadout, TimelinePanel,
 } from "./h3_dom.js";
@@ -30,7 +35,7 @@ const readouts = new Map(); // graph node -> readout element
 const panels = new Set(); // the sidebar panel and/or the floating one; made once, never dropped
 let sidebarPanel = null; // reused across the frontend's render(el) calls
 let sidebarContainer = null; // the element the frontend last handed to render()
-const state = { status: null, statusError: null, reconnecting: false };
+const state = { status: null, statusError: null, reconnecting: false, bModels: null };
 
 function warn(...args) {
   try {
@@ -94,6 +99,7 @@ function renderNodes() {
 }
 
 function attach(node) {
+  if (state.bModels && nodeClass(node) === B_MODEL_NODE_TYPE) safe(setModelChoices)(node, state.bModels);
   if (!node || readouts.has(node) || !isH3NodeType(nodeClass(node))) return;
   if (typeof node.addDOMWidget !== "function") return;
   if (node.widgets?.some?.((w) => w?.name === WIDGET_NAME)) return;
@@ -125,6 +131,59 @@ function graphNodes() {
   const list = g?.nodes ?? g?._nodes ?? [];
   return Array.isArray(list) ? list : [];
 }
+
+/** Every node of the workflow: the root graph, the graph on screen and the subgraphs inside them. */
+function allNodes() {
+  const out = new Set();
+  const seen = new Set();
+  const walk = (g) => {
+    if (!g || seen.has(g)) return;
+    seen.add(g);
+    const list = g.nodes ?? g._nodes ?? [];
+    if (!Array.isArray(list)) return;
+    for (const n of list) {
+      out.add(n);
+      if (n?.subgraph) walk(n.subgraph);
+    }
+  };
+  walk(app.rootGraph);
+  walk(app.graph);
+  return [...out];
+}
+
+// ------------------------------------------------------------------------------------------------ model pickers
+
+/**
+ * Sets the choices of a node's `model_path` combo; its value stays as it is (even when not among them). The list is
+ * changed in place: a Vue node's select keeps the array it was given and re-reads it each time it opens.
+ */
+function setModelChoices(node, models) {
+  const widget = node?.widgets?.find?.((w) => w?.name === MODEL_WIDGET);
+  if (!widget || widget.type !== "combo" || !widget.options || typeof widget.options !== "object") return false;
+  const values = widget.options.values;
+  if (sameChoices(values, models)) return false;
+  if (Array.isArray(values) && !Object.isFrozen(values)) values.splice(0, values.length, ...models);
+  else widget.options.values = [...models];
+  return true;
+}
+
+/** B's model list became known (an h3.timing of H3RemoteDiT, or /h3/status): offer it on every H3RemoteDiT. */
+function updateBModels(payload) {
+  const models = bModelsFrom(payload);
+  if (!models) return;
+  state.bModels = models;
+  let changedAny = false;
+  for (const node of allNodes()) {
+    if (nodeClass(node) !== B_MODEL_NODE_TYPE) continue;
+    try {
+      changedAny = setModelChoices(node, models) || changedAny;
+    } catch (e) {
+      warn(e);
+    }
+  }
+  if (changedAny) app.canvas?.setDirty?.(true, true);
+}
+const offerBModels = safe(updateBModels); // never stops the handler it is called from
 
 // ------------------------------------------------------------------------------------------------ panels
 
@@ -228,6 +287,7 @@ function refreshStatus(force = false) {
     .then((data) => {
       state.status = data;
       state.statusError = null;
+      offerBModels(data);
     })
     .catch((e) => {
       state.status = null;
@@ -280,6 +340,7 @@ async function exportTimings(format) {
 function listen() {
   const on = (type, fn) => api.addEventListener(type, safe(fn));
   on("h3.timing", (e) => {
+    offerBModels(e.detail);
     if (store.ingestTiming(e.detail)) changed();
   });
   on("h3.progress", (e) => {

@@ -101,10 +101,16 @@ export function fmtPercent(share) {
   return `${p.toFixed(p < 10 ? 1 : 0)} %`;
 }
 
+/**
+ * The first `n` characters of an id; a request id's re-run suffix (`<id>.2`: the same encoded conditioning
+ * denoised again) is kept, so such requests stay apart in the timeline.
+ */
 export function shortId(id, n = 6) {
   if (id === null || id === undefined || id === "") return "–";
   const s = String(id);
-  return s.length > n ? s.slice(0, n) : s;
+  const m = /^(.+?)(\.\d+)$/.exec(s);
+  const [base, suffix] = m ? [m[1], m[2]] : [s, ""];
+  return (base.length > n ? base.slice(0, n) : base) + suffix;
 }
 
 /** Sum of a `bytes` field: a number, or a {field: bytes} object, or the CSV form `a=1;b=2`. */
@@ -767,4 +773,38 @@ export function statusModel(status, { fetchError = null } = {}) {
     m.ok = true;
   }
   return m;
+}
+
+// ------------------------------------------------------------------------------------------------ model pickers
+
+/** The node type whose `model_path` picker lists what machine B has. */
+export const B_MODEL_NODE_TYPE = "H3RemoteDiT";
+export const MODEL_WIDGET = "model_path";
+
+function modelList(list) {
+  if (!Array.isArray(list)) return null;
+  const out = [];
+  for (const m of list) {
+    if (typeof m === "string" && m.trim() !== "" && !out.includes(m)) out.push(m);
+  }
+  return out.length ? out : null;
+}
+
+/**
+ * B's model choices from a payload, or null when it carries none: an `h3.timing` of H3RemoteDiT
+ * (`summary.b_models`), or a `GET /h3/status` answer (`models.B`).
+ */
+export function bModelsFrom(payload) {
+  if (!payload || typeof payload !== "object") return null;
+  if ("node_type" in payload || "summary" in payload) {
+    if (payload.node_type !== B_MODEL_NODE_TYPE) return null;
+    return modelList(payload.summary?.b_models);
+  }
+  const models = payload.models;
+  return models && typeof models === "object" ? modelList(models.B) : null;
+}
+
+/** Whether two choice lists are the same, in order. */
+export function sameChoices(a, b) {
+  return Array.isArray(a) && Array.isArray(b) && a.length === b.length && a.every((x, i) => x === b[i]);
 }

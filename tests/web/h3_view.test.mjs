@@ -304,3 +304,33 @@ test("records measured on B are put on A's clock with their offset", async () =>
   const a = normalizeRecord({ request_id: "r", stage: "encode", machine: "A", start: 100, end: 100.5 });
   assert.equal(a.start, 100);
 });
+
+test("B's model list comes from H3RemoteDiT's h3.timing or /h3/status, nothing else", async () => {
+  const { bModelsFrom, sameChoices, B_MODEL_NODE_TYPE, MODEL_WIDGET } = await import("../../web/h3_view.js");
+  assert.equal(B_MODEL_NODE_TYPE, "H3RemoteDiT");
+  assert.equal(MODEL_WIDGET, "model_path");
+  const timing = { node: "2", node_type: "H3RemoteDiT", summary: { b_models: ["/m/H3", "tiny-random", "/m/H3", "", 7] } };
+  assert.deepEqual(bModelsFrom(timing), ["/m/H3", "tiny-random"]);
+  assert.equal(bModelsFrom({ ...timing, node_type: "H3RemoteDenoise" }), null);
+  assert.equal(bModelsFrom({ node_type: "H3RemoteDiT", summary: {} }), null);
+  assert.equal(bModelsFrom({ node_type: "H3RemoteDiT", summary: { b_models: [] } }), null);
+  assert.deepEqual(bModelsFrom({ connected: true, models: { A: ["/a"], B: ["/b", "tiny-random"] } }), ["/b", "tiny-random"]);
+  assert.equal(bModelsFrom({ connected: false, models: { A: ["tiny-random"] } }), null);
+  assert.equal(bModelsFrom({ connected: true }), null);
+  for (const junk of [null, undefined, 3, "x", [], { models: "B" }, { node_type: "H3RemoteDiT", summary: null }]) {
+    assert.equal(bModelsFrom(junk), null);
+  }
+  assert.ok(sameChoices(["a", "b"], ["a", "b"]));
+  assert.ok(!sameChoices(["a", "b"], ["b", "a"]));
+  assert.ok(!sameChoices(undefined, ["a"]));
+});
+
+test("shortId keeps a re-run suffix so repeated requests on one conditioning stay apart", async () => {
+  const { shortId } = await import("../../web/h3_view.js");
+  assert.equal(shortId("65b213cfa7a8", 8), "65b213cf");
+  assert.equal(shortId("65b213cfa7a8.3", 8), "65b213cf.3");
+  assert.equal(shortId("abc.12"), "abc.12");
+  assert.equal(shortId("v1.2.3-alpha"), "v1.2.3");
+  assert.equal(shortId(""), "–");
+  assert.equal(shortId(null), "–");
+});
