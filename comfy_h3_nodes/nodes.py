@@ -503,7 +503,8 @@ class H3RemoteDenoise:
         records = _named_by_host([*den.records, b_to_a], (dit.last_health or {}).get("B", {}).get("hostname", ""))
         ran = den.records[1].info
         forwards = len(den.records[1].steps)
-        extra = {"steps_total": forwards, "schedule": f"{steps} sigma points: {den.records[1].note}",
+        where = f" on {ran['partition']} ({ran['dtype']}, {ran['attention_backend']})" if ran else ""
+        extra = {"steps_total": forwards, "schedule": f"{steps} sigma points{where}: {den.records[1].note}",
                  "ran": ran, "total_s": time.perf_counter() - t0}
         ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra)
         h.progress_text(extra["schedule"], unique_id)

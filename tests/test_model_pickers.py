@@ -150,6 +150,7 @@ def test_tiny_random_on_both_sides_runs_and_b_lists_its_models(local_host, tiny_
         assert ran["model"] == catalog.TINY and ran["partition"] == "transformer" and ran["dtype"] == "float32"
     finally:
         ray.kill(ex.b, no_restart=True)
+        session.forget("h3_dit_pick")
 
 
 def test_a_setting_b_does_not_serve_is_applied_and_shown(local_host, tiny_cache, tiny_ckpt):
@@ -177,6 +178,7 @@ def test_a_setting_b_does_not_serve_is_applied_and_shown(local_host, tiny_cache,
         assert "dtype bfloat16 -> float32" in again["ui"]["h3_timing"][0]["summary"]["reconfigured"]
     finally:
         ray.kill(first.b, no_restart=True)
+        session.forget("h3_dit_reconf")
 
 
 def test_a_setting_b_cannot_apply_is_one_sentence_with_both_values(local_host, tiny_cache):
@@ -197,6 +199,7 @@ def test_a_setting_b_cannot_apply_is_one_sentence_with_both_values(local_host, t
         assert _connect("h3_dit_noflash")["ui"]["h3_timing"][0]["summary"]["reconfigured"] is None
     finally:
         ray.kill(ex.b, no_restart=True)
+        session.forget("h3_dit_noflash")
 
 
 def test_readout_says_which_partition_ran(local_host, tiny_cache, media):
@@ -216,7 +219,9 @@ def test_readout_says_which_partition_ran(local_host, tiny_cache, media):
         assert ran["partition"] == "transformer_ref" and "transformer_ref" in ran["resident"]
         # B swapped (one partition resident) or held both (the memory plan allowed it); the readout says which
         assert ("swapped partition" in timing["summary"]["schedule"]) == (ran["swapped_s"] > 0)
+        assert timing["summary"]["schedule"].startswith("3 sigma points on transformer_ref (float32, sdpa): ")
         host = ray.get(ex.b.health.remote(), timeout=10)["hostname"]
         assert {r["node"] for r in timing["stages"]} == {host}  # machines named by host name, as A's own nodes
     finally:
         ray.kill(ex.b, no_restart=True)
+        session.forget("h3_dit_part")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -199,7 +200,7 @@ def cluster(netns):
 
 def test_setup_prints_preflight_and_the_node_values(cluster):
     out = cluster["setup"].stdout
-    assert "preflight: 15 passed, 0 failed" in out, out
+    assert re.search(r"preflight: \d+ passed, 0 failed", out), out
     for name in ("interface", "route to A", "token accepted", "packages", "model folder", "model roots"):
         assert any(ln.strip().startswith("PASS") and name in ln for ln in out.splitlines()), name
     assert "warm-up: t2va" in out

@@ -135,6 +135,15 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
         return ex
 
 
+def forget(name: str) -> int:
+    """Drop this process's connections to the B actor ``name`` (B itself is left alone); returns how many."""
+    with _lock:
+        keys = [k for k in _executors if k[1] == name]
+        for k in keys:
+            _drop(k)
+    return len(keys)
+
+
 def _drop(key) -> None:
     ex = _executors.pop(key, None)
     if ex is not None:
