@@ -97,7 +97,7 @@ def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0
          ["local", "h3_dit", "comfy_h3", DEFAULT_MODEL_PATH, partition, "bfloat16", "sdpa"], {}),
         (3, "H3TextEncode", (400, 0), [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),
         (5, "H3RemoteDenoise", (800, 0), [42, "fixed", steps], {"dit": dit, "conditioning": (3, 0)}),
-        (6, "H3Decode", (1200, 0), [], {"encoders": (1, 0), "latents": (5, 0)}),
+        (6, "H3Decode", (1200, 0), ["auto"], {"encoders": (1, 0), "latents": (5, 0)}),
         (7, "H3SaveVideo", (1600, 0), [24, "h3/video"], {"images": (6, 0), "audio": (6, 1), "fps": (6, 2)}),
     ]
 
