@@ -16,6 +16,7 @@ import time
 from .engine import catalog
 from .engine import request as rq
 from .engine.backends import UI_CHOICES
+from .engine.memory_plan import PRECISIONS
 from .engine.split import A_COMPONENTS, DTYPES, PARTITIONS, ModelFolderError, check_model_dir
 from .engine.timing import StageRecord
 
@@ -204,8 +205,10 @@ class H3LoadEncoders:
         enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend)
         loads = sum(r.seconds for r in enc.load_records) if loaded_now else 0.0
         what = TINY if catalog.is_tiny(model_path) else str(enc.model_dir)
+        plan = getattr(enc, "memory_plan", None)
         rec = _local_record("load", t0, w0, load_s=loads,
-                            note=("loaded" if loaded_now else "resident") + f" {what}: {', '.join(enc.resident())}")
+                            note=("loaded" if loaded_now else "resident") + f" {what}: {', '.join(enc.resident())}"
+                            + (f" · {plan.summary()}" if plan is not None else ""))
         return {"ui": report("H3LoadEncoders", unique_id, [rec], "load"), "result": (enc,)}
 
 
@@ -241,9 +244,14 @@ class H3RemoteDiT:
             "model_path": (models, {"default": models[0], "tooltip": (
                 "model on machine B: the list is what B reported at the last connection (run once, then Refresh); "
                 f"a typed path on B works too. '{TINY}' is a tiny random model B builds on first use.")}),
-            "partition": (list(PARTITIONS), {"default": "transformer"}),
+            "partition": (list(PARTITIONS), {"default": "transformer", "tooltip": (
+                "the partition B loads first; B switches to what each workflow needs (ref2va: transformer_ref), or "
+                "holds both when its memory plan allows. A transformer file as model_path is this partition.")}),
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
             "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
+            "precision": (list(PRECISIONS), {"default": "auto", "tooltip": (
+                "how B stores the transformer: auto (dtype; a GGUF file as stored), bf16, fp8 (fp8 storage, bf16 "
+                "compute: both partitions fit a Spark) or gguf. B checks its memory plan before loading.")}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     @classmethod
@@ -261,7 +269,7 @@ class H3RemoteDiT:
         return True
 
     def connect(self, cluster_address, actor_name, namespace, model_path, partition, dtype, attention_backend,
-                unique_id=None):
+                precision="auto", unique_id=None):
         from .engine import session
 
         t0, w0 = time.perf_counter(), time.time()
@@ -270,19 +278,22 @@ class H3RemoteDiT:
             raise rq.RequestError("actor_name is empty; use the name `remote_worker setup` printed (default h3_dit).")
         session.A_MODEL_ROOTS[:] = _host().model_folders()
         ex = session.dit(address, actor_name.strip(), namespace.strip(), model_path.strip(), partition,
-                         dtype, attention_backend)
+                         dtype, attention_backend, precision=precision)
         health = ex.last_health  # session.dit has just checked it (on start, or on reuse)
         b = health["B"]
         note = f"A {ex.topology.a.ip} · B {b['node_ip']} ({b['device']}; {_b_config_text(b)})"
         if ex.last_reconfigure:
             note += f" · B reconfigured: {ex.last_reconfigure}"
+        if (b.get("memory_plan") or {}).get("summary"):
+            note += f" · {b['memory_plan']['summary']}"
         rec = StageRecord("", "connect", "B", b.get("hostname") or b["node_ip"], w0, time.time(),
                           compute_s=time.perf_counter() - t0, note=note)
         ui = report("H3RemoteDiT", unique_id, [rec], "connect",
                     extra={"a_node": ex.topology.a.ip, "b_node": b["node_ip"], "b_device": b["device"],
                            "partition": b["partition"], "resident": b.get("resident"),
                            "b_models": session.b_model_choices(),
-                           "reconfigured": ex.last_reconfigure or None,
+                           "reconfigured": ex.last_reconfigure or None, "precision": b.get("precision"),
+                           "memory_plan": (b.get("memory_plan") or {}).get("summary"),
                            "clock_b_minus_a_s": health["clock"]["b_minus_a_s"]})
         _host().progress_text(note, unique_id)
         return {"ui": ui, "result": (ex,)}
@@ -291,7 +302,9 @@ class H3RemoteDiT:
 def _b_config_text(b: dict) -> str:
     """What B serves: model, partition(s) resident, dtype and attention backend."""
     model = TINY if catalog.is_tiny(b.get("model", "")) else b.get("model_dir", "?")
-    return f"{model}, {b['partition']}, {b['dtype']}, attention {b.get('attention_choice') or b['attention_backend']}"
+    held = (b.get("memory_plan") or {}).get("resident_partitions") or [b["partition"]]
+    return (f"{model}, {' + '.join(held)}, {b['dtype']}, precision {b.get('precision') or 'auto'}, "
+            f"attention {b.get('attention_choice') or b['attention_backend']}")
 
 
 class H3LoRA:

@@ -20,7 +20,7 @@ from collections import deque
 import ray
 
 from comfy_h3_nodes.engine import actor_common as common
-from comfy_h3_nodes.engine import catalog
+from comfy_h3_nodes.engine import catalog, formats
 from comfy_h3_nodes.engine import split
 from comfy_h3_nodes.engine import wire
 from comfy_h3_nodes.engine.backends import resolve_attention_backend
@@ -34,16 +34,19 @@ log = logging.getLogger("comfy_h3.B")
 DEFAULT_NAME = "h3_dit"
 
 #: the settings of a running B that a client may ask to change (``reconfigure``); each one is a reload
-RECONFIGURABLE = ("model_dir", "partition", "dtype", "attention_backend")
+RECONFIGURABLE = ("model_dir", "partition", "dtype", "attention_backend", "precision")
 
 
 def _build_side(config: dict) -> BSide:
     """Load B as ``config`` says; a model path outside B's model roots is refused before anything is read."""
-    model = config["model_dir"]
+    model, sources = config["model_dir"], dict(config.get("sources") or {})
     if catalog.is_tiny(model):
         model_dir = catalog.resolve(model, announce=log.info)  # the pack's own, built in B's cache
     else:
-        model_dir = str(model_roots.enforce(config))
+        model_dir = model_roots.enforce(config)
+        if model_dir.is_file():  # one transformer file (single-file or GGUF) for the node's partition: the
+            sources.setdefault(config.get("partition", "transformer"), str(model_dir))  # schedulers and index
+            model_dir = formats.RELEASED_CONFIG_DIR  # come from the release's configs shipped with the pack
 
     def path_check(p):
         if catalog.is_tiny(str(p)):
@@ -54,7 +57,7 @@ def _build_side(config: dict) -> BSide:
                  attention_backend=config.get("attention_backend", "sdpa"), device=config.get("device"),
                  allow_swap=config.get("allow_swap", True), path_check=path_check,
                  precision=config.get("precision") or "auto", residency=config.get("residency") or "auto",
-                 sources=config.get("sources"), memory_limit_bytes=config.get("memory_limit_bytes"),
+                 sources=sources, memory_limit_bytes=config.get("memory_limit_bytes"),
                  decoder=config.get("decoder") or "auto")
 
 
@@ -191,6 +194,7 @@ class DiTActorImpl(common.ResidentActorMixin):
         return {"model": self.config["model_dir"], "model_dir": str(self.side.model_dir),
                 "partition": self.side.partition, "resident": sorted(self.side.resident()),
                 "dtype": self.side.dtype, "attention_backend": self.config.get("attention_backend", "sdpa"),
+                "precision": self.config.get("precision") or "auto",
                 "swapped_s": round(swap_s, 4)}
 
     @ray.method(concurrency_group="denoise")
@@ -210,7 +214,11 @@ class DiTActorImpl(common.ResidentActorMixin):
         t0 = time.perf_counter()
         resolve_attention_backend(new.get("attention_backend", "sdpa"))  # a missing flash-attn fails here, loaded
         if not catalog.is_tiny(new["model_dir"]):
-            split.check_model_dir(model_roots.enforce(new), split.b_components(new.get("partition", "transformer")))
+            path, partition = model_roots.enforce(new), new.get("partition", "transformer")
+            if path.is_file():
+                formats.detect(path, partition)  # a transformer file: refused here if it is not one B can load
+            else:
+                split.check_model_dir(path, split.b_components(partition))
         old = self.config
         self.side = None  # drop the old model first: B's memory holds one
         try:
@@ -226,11 +234,14 @@ class DiTActorImpl(common.ResidentActorMixin):
 
     @ray.method(concurrency_group="control")
     def models(self, search_roots: list | None = None) -> dict:
-        """The models this machine has, for A's pickers: diffusers folders under B's model roots (or, where B has
-        none, under ``search_roots``: the embedded single-machine cluster), then ``tiny-random``."""
+        """The models this machine has, for A's pickers: diffusers folders and MiniMax-H3 transformer files
+        (``.safetensors``/``.gguf``, recognised by their keys) under B's model roots (or, where B has none, under
+        ``search_roots``: the embedded single-machine cluster), then ``tiny-random``."""
         roots = (model_roots.parse_roots(self.config.get("model_roots"))
                  + model_roots.parse_roots(os.environ.get(model_roots.ENV)))
-        return {"models": catalog.choices(roots or list(search_roots or [])), "roots": roots or None}
+        search = roots or list(search_roots or [])
+        models = [*catalog.find_models(search), *catalog.find_transformer_files(search), catalog.TINY]
+        return {"models": models, "roots": roots or None}
 
     @ray.method(concurrency_group="control")
     def health(self) -> dict:

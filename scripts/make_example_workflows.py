@@ -94,7 +94,7 @@ def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0
     return [
         (1, "H3LoadEncoders", (0, 0), [DEFAULT_MODEL_PATH, "bfloat16", "sdpa"], {}),
         (2, "H3RemoteDiT", (0, 300),
-         ["local", "h3_dit", "comfy_h3", DEFAULT_MODEL_PATH, partition, "bfloat16", "sdpa"], {}),
+         ["local", "h3_dit", "comfy_h3", DEFAULT_MODEL_PATH, partition, "bfloat16", "sdpa", "auto"], {}),
         (3, "H3TextEncode", (400, 0), [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),
         (5, "H3RemoteDenoise", (800, 0), [42, "fixed", steps], {"dit": dit, "conditioning": (3, 0)}),
         (6, "H3Decode", (1200, 0), ["auto"], {"encoders": (1, 0), "latents": (5, 0)}),

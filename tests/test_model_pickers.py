@@ -225,3 +225,44 @@ def test_readout_says_which_partition_ran(local_host, tiny_cache, media):
     finally:
         ray.kill(ex.b, no_restart=True)
         session.forget("h3_dit_part")
+
+
+def test_b_lists_transformer_files_and_runs_one_with_the_shipped_configs(local_host, tiny_cache, tiny_ckpt, tmp_path):
+    """A single-file transformer under B's roots is a choice of H3RemoteDiT's picker (recognised by its keys: the name
+    says nothing); chosen, B loads it as the node's partition with the release's scheduler configs the pack ships."""
+    import shutil
+
+    import ray
+
+    from comfy_h3_nodes.engine import formats
+
+    root = tmp_path / "diffusion_models"
+    (root / "tiny" / "transformer").mkdir(parents=True)
+    chosen = root / "tiny" / "whatever-name.safetensors"
+    shutil.copy(tiny_ckpt / "single_file" / "transformer.safetensors", chosen)
+    shutil.copy(tiny_ckpt / "transformer" / "config.json", root / "tiny" / "transformer" / "config.json")
+    (root / "notes.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")  # not a transformer
+    session.A_MODEL_ROOTS[:] = []
+    os.environ["H3_MODEL_DIRS"] = str(root)
+    try:
+        out = _connect("h3_dit_file")
+        assert out["ui"]["h3_timing"][0]["summary"]["b_models"] == [str(chosen), catalog.TINY]
+        file_out = _connect("h3_dit_file", model=str(chosen))
+    finally:
+        os.environ.pop("H3_MODEL_DIRS")
+    ex = file_out["result"][0]
+    try:
+        summary = file_out["ui"]["h3_timing"][0]["summary"]
+        assert f"model tiny-random -> {chosen}" in summary["reconfigured"]
+        assert summary["memory_plan"].startswith("B plan (")  # the node shows B's memory plan
+        h = ray.get(ex.b.health.remote(), timeout=10)
+        assert h["model_dir"] == str(formats.RELEASED_CONFIG_DIR)
+        assert h["memory_plan"]["sources"]["transformer"] == {"kind": "single_file", "path": str(chosen)}
+        enc = N.H3LoadEncoders().load(catalog.TINY, "float32", "sdpa")["result"][0]
+        cond = N.H3TextEncode().encode(enc, PROMPT, 64, 64, 124)["result"][0]
+        res = asyncio.run(N.H3RemoteDenoise().denoise(ex, cond, 3, 3, unique_id="5"))
+        assert res["ui"]["h3_timing"][0]["summary"]["ran"]["model"] == str(chosen)
+        assert "shift 12 (video) / 3 (audio)" in res["ui"]["h3_timing"][0]["summary"]["schedule"]
+    finally:
+        ray.kill(ex.b, no_restart=True)
+        session.forget("h3_dit_file")

@@ -286,6 +286,8 @@ class H3Executor:
             changes["dtype"] = want.dtype
         if BACKENDS.get(want.attention_backend, (want.attention_backend,))[0] != b["attention_backend"]:
             changes["attention_backend"] = want.attention_backend
+        if want.precision != (b.get("precision") or "auto"):
+            changes["precision"] = want.precision
         return changes
 
     def reconcile_b_config(self, b: dict) -> dict:
@@ -296,9 +298,11 @@ class H3Executor:
         self.last_reconfigure = ""
         if not changes:
             return b
-        names = {"model_dir": "model", "dtype": "dtype", "attention_backend": "attention backend"}
+        names = {"model_dir": "model", "dtype": "dtype", "attention_backend": "attention backend",
+                 "precision": "precision"}
         have = {"model_dir": b.get("model") or b["model_dir"], "dtype": b["dtype"],
-                "attention_backend": b.get("attention_choice") or b["attention_backend"]}
+                "attention_backend": b.get("attention_choice") or b["attention_backend"],
+                "precision": b.get("precision") or "auto"}
         desc = ", ".join(f"{names[k]} {have[k]} -> {v}" for k, v in changes.items())
         log.info("B actor %r serves other settings; reconfiguring it: %s", self.b_config.name, desc)
         try:
@@ -308,8 +312,8 @@ class H3Executor:
         except ray.exceptions.RayError as exc:
             raise H3Error(
                 f"the B actor {self.b_config.name!r} serves {desc.replace(' -> ', ' and this node asks for ')}, and "
-                f"could not switch: {_first_line(unwrap_ray_error(exc))}. Set the node to what B serves, or fix the "
-                "cause above."
+                f"could not switch: {_first_line(unwrap_ray_error(exc)).rstrip('.')}. Set the node to what B serves, "
+                "or fix the cause above."
             ) from None
         self.last_reconfigure = f"{desc} ({done['seconds']:.1f} s)"
         return self.check_health()["B"]
@@ -536,9 +540,10 @@ class H3Executor:
         side = side or self.local_a
         if side is not None:
             return side.decoder_info()
-        if getattr(self, "_a_vae", None) is None:
-            self._a_vae = ray.get(self.a.health.remote(), timeout=self.timeouts.health)["video_vae"]
-        return self._a_vae
+        known = ((self.last_health or {}).get("A") or {}).get("video_vae")
+        if known is not None:  # A's actor said so at its last health check
+            return known
+        return ray.get(self.a.health.remote(), timeout=self.timeouts.health)["video_vae"]
 
     def _b_queue(self) -> int:
         """This executor's requests that are being encoded for B or denoised on B (B's queued work)."""
@@ -701,7 +706,10 @@ class H3Executor:
             plan = DecodePlan("A", plan.clips, plan.clips, "B no longer holds this request's latents",
                               plan.decode_on)
         if plan.mode == "A+B":
-            media, recs = self.decode_split_local(side, latents, ref, plan, should_cancel)
+            try:
+                media, recs = self.decode_split_local(side, latents, ref, plan, should_cancel)
+            finally:
+                self._cancelled.discard(rid)
         else:
             w0, t0 = time.time(), time.perf_counter()
             media = side.decode(latents)

@@ -53,6 +53,8 @@ COMFY_PREFIX = "model.diffusion_model."
 
 #: the configs shipped with the pack (the released model's), one folder per partition
 SHIPPED_CONFIG_ROOT = pathlib.Path(__file__).resolve().parent / "h3_configs"
+#: the release's index and scheduler configs: what B loads beside a transformer file when it has no diffusers folder
+RELEASED_CONFIG_DIR = SHIPPED_CONFIG_ROOT / "released"
 
 SAFETENSORS_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
                      "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}

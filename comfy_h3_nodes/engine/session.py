@@ -103,13 +103,14 @@ def refresh_b_models(ex) -> list[str]:
 
 
 def dit(address: str, name: str, namespace: str, model_path: str, partition: str = "transformer",
-        dtype: str = "bfloat16", attention_backend: str = "sdpa", timeouts=None, threads: int | None = None):
+        dtype: str = "bfloat16", attention_backend: str = "sdpa", timeouts=None, threads: int | None = None,
+        precision: str = "auto"):
     """An executor (A in this process) bound to the named B actor; started, topology and health checked, B's
     settings reconciled with these (see ``H3Executor.reconcile_b_config``) and B's model list refreshed."""
     from .executor import BConfig, H3Executor, SideConfig
 
     ensure_cluster(address)
-    key = (address, name, namespace, str(model_path), partition, dtype, attention_backend)
+    key = (address, name, namespace, str(model_path), partition, dtype, attention_backend, precision)
     with _lock:
         ex = _executors.get(key)
         if ex is not None and getattr(ex, "_cluster_started", None) != CLUSTER.started:
@@ -125,8 +126,8 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
                 refresh_b_models(ex)
                 return ex
         ex = H3Executor(SideConfig(""), BConfig(str(model_path), partition=partition, dtype=dtype,
-                                                attention_backend=attention_backend, name=name,
-                                                namespace=namespace, threads=threads),
+                                                attention_backend=attention_backend, precision=precision,
+                                                name=name, namespace=namespace, threads=threads),
                         a_mode="local", timeouts=timeouts)
         ex.start()
         ex._cluster_started = CLUSTER.started
