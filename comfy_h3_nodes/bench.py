@@ -65,6 +65,7 @@ def cluster(object_store_mb: int = 1024):
     from .engine import cluster as cl
 
     if ray.is_initialized():
+    from . import placement  # noqa: F401 - the composition root: registers the actor classes executors place
         cl.validate_topology()
         yield None
         return

@@ -278,7 +278,7 @@ class H3RemoteDiT:
             raise rq.RequestError("actor_name is empty; use the name `remote_worker setup` printed (default h3_dit).")
         session.A_MODEL_ROOTS[:] = _host().model_folders()
         ex = session.dit(address, actor_name.strip(), namespace.strip(), model_path.strip(), partition,
-                         dtype, attention_backend, precision=precision)
+                         dtype, attention_backend, precision=precision, actors=placement.ACTORS)
         health = ex.last_health  # session.dit has just checked it (on start, or on reuse)
         b = health["B"]
         note = f"A {ex.topology.a.ip} · B {b['node_ip']} ({b['device']}; {_b_config_text(b)})"
@@ -345,6 +345,7 @@ class H3LoRA:
 class H3Keyframes:
     DESCRIPTION = "First and/or last keyframe for MiniMax-H3's fl2va workflow."
     CATEGORY = CATEGORY
+        from . import placement
     RETURN_TYPES = ("H3_KEYFRAMES",)
     RETURN_NAMES = ("keyframes",)
     FUNCTION = "make"

@@ -119,6 +119,7 @@ def wait_store_empty(timeout: float = 15.0) -> int:
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real two-node Ray cluster (A at 127.0.0.2, B at 127.0.0.3), one per session."""
+    import comfy_h3_nodes.placement  # noqa: F401 - the composition root: registers the actor classes executors place
     from comfy_h3_nodes.engine.cluster import EmbeddedCluster
 
     cluster = EmbeddedCluster(object_store_mb=256, num_cpus=4,
@@ -131,12 +132,14 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def executor(ray_cluster, tiny_ckpt):
     """Resident A and B actors on the session cluster (fp32, one CPU thread each, short timeouts)."""
+    from comfy_h3_nodes import placement
     from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
 
     ex = H3Executor(SideConfig(str(tiny_ckpt), dtype="float32", threads=1),
                     BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_test"),
                     max_in_flight=2, timeouts=Timeouts(start=120, health=10, encode=60, handoff=60, stall=60,
-                                                       decode=60, poll=0.05))
+                                                       decode=60, poll=0.05),
+                    actors=placement.ACTORS)
     ex.start()
     yield ex
     ex.shutdown(kill_b=True)

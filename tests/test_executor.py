@@ -114,6 +114,7 @@ def test_detached_b_found_by_name_from_second_driver(executor, ray_cluster, tiny
         import json, sys
         import ray
         from comfy_h3_nodes.engine.cluster import connect, A_IP
+        import comfy_h3_nodes.placement
         from comfy_h3_nodes.engine.executor import H3Executor, SideConfig, BConfig, Timeouts
         from comfy_h3_nodes.engine.request import H3Request
         connect("{ray_cluster.address}", node_ip=A_IP)

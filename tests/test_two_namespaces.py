@@ -41,6 +41,7 @@ torch.set_num_threads(1)
 from comfy_h3_nodes.engine import cluster as cl
 cl.connect(addr, token_file=tok, node_ip=addr.split(":")[0], timeout=60)
 import ray
+import comfy_h3_nodes.placement
 from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
 from comfy_h3_nodes.engine.request import H3Request
 ray.get_actor(name, namespace="comfy_h3")  # the named actor setup started on B is there
@@ -78,6 +79,7 @@ import torch
 torch.set_num_threads(1)
 from comfy_h3_nodes.engine import cluster as cl
 cl.connect(addr, token_file=tok, node_ip=addr.split(":")[0], timeout=60)
+import comfy_h3_nodes.placement
 from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
 from comfy_h3_nodes.engine.request import H3Request
 ex = H3Executor(SideConfig(ckpt, dtype="float32", threads=1), BConfig(ckpt, dtype="float32", threads=1, name=name),

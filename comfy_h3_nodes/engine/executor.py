@@ -39,6 +39,7 @@ from . import cluster as cl
 from . import split_decode as sd
 from . import wire
 from .a_side import ASide, DecodedMedia
+from .actors import encoder_actor_class
 from .actor_common import FORWARDED_ENV, unwrap_ray_error
 from .backends import BACKENDS
 from .request import H3Request, validate_request
@@ -87,6 +88,27 @@ class BConfig(SideConfig):
     max_restarts: int = -1
     #: B's video VAE decoder for split decode: "auto" (when B's memory plan fits it) or "off"
     decoder: str = "auto"
+
+
+@dataclass(frozen=True)
+class ActorClasses:
+    """The Ray actor classes the executor places, as factories returning a ``ray.remote`` class: ``dit`` on each B
+    node (the B side's), ``encoder`` on the A node (the engine's own). The engine never imports the B side: the
+    code that decides which classes run where (:mod:`comfy_h3_nodes.placement`) sits above both and hands them in."""
+
+    dit: Callable[[], object]
+    encoder: Callable[[], object] = encoder_actor_class
+
+
+#: what :func:`use_actor_classes` registered for executors built without ``actors=`` (set by ``placement``)
+_DEFAULT_ACTORS: ActorClasses | None = None
+
+
+def use_actor_classes(actors: ActorClasses) -> ActorClasses:
+    """Register the actor classes of this process (the composition root calls it once)."""
+    global _DEFAULT_ACTORS
+    _DEFAULT_ACTORS = actors
+    return actors
 
 
 @dataclass
@@ -183,11 +205,12 @@ class H3Executor:
     def __init__(self, a: SideConfig, b: BConfig, *, max_in_flight: int = 2, timeouts: Timeouts | None = None,
                  env: dict | None = None, timing_log: TimingLog | None = None, a_name: str | None = None,
                  a_mode: str = "actor", local_a: ASide | None = None, decode_on: str = "auto",
-                 min_split_s: float = 1.0):
+                 min_split_s: float = 1.0, actors: ActorClasses | None = None):
         """``a_mode="actor"`` runs A in a Ray actor on the A node; ``"local"`` runs it in this process (ComfyUI),
         which must then be a driver on the A node. ``local_a`` reuses an already resident A side. ``decode_on`` is
         the default of every decode (``auto``: split when B is free and A alone would take ``min_split_s`` or more;
-        ``A``; ``A+B``: split whenever B can)."""
+        ``A``; ``A+B``: split whenever B can). ``actors``: the actor classes to place (default: those the
+        composition root, :mod:`comfy_h3_nodes.placement`, registered)."""
         if decode_on not in sd.DECODE_ON:
             raise ValueError(f"decode_on is {decode_on!r}; expected one of {sd.DECODE_ON}.")
         if a_mode not in ("actor", "local"):
@@ -195,6 +218,7 @@ class H3Executor:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight is {max_in_flight}; it must be at least 1.")
         self.a_config, self.b_config = a, b
+        self.actors = actors
         self.max_in_flight = max_in_flight
         self.timeouts = timeouts or Timeouts()
         self.env = dict(env or {})
@@ -231,10 +255,10 @@ class H3Executor:
 
     def start(self) -> "H3Executor":
         """Validate topology, place (or find) both actors, verify where they run and that they match."""
-        from remote_worker.actor import dit_actor_class
-
-        from .actors import encoder_actor_class
-
+        actors = self.actors or _DEFAULT_ACTORS
+        if actors is None:
+            raise H3Error("this executor was given no DiT actor class: build it with "
+                          "actors=comfy_h3_nodes.placement.ACTORS (importing comfy_h3_nodes.placement registers them).")
         self.topology = cl.validate_topology()
         if self.a_mode == "local":
             here = ray.get_runtime_context().get_node_id()
@@ -252,8 +276,8 @@ class H3Executor:
                       "max_restarts": self.a_max_restarts, "max_task_retries": 0}
             if self.a_name:
                 a_opts.update(name=self.a_name, namespace=self.b_config.namespace, get_if_exists=True)
-            self.a = encoder_actor_class().options(**a_opts).remote(asdict(self.a_config))
-        self.b = dit_actor_class().options(
+            self.a = actors.encoder().options(**a_opts).remote(asdict(self.a_config))
+        self.b = actors.dit().options(
             name=self.b_config.name, namespace=self.b_config.namespace, lifetime="detached", get_if_exists=True,
             resources={cl.ROLE_B: 1}, max_restarts=self.b_config.max_restarts, max_task_retries=0,
             runtime_env=self._runtime_env(),

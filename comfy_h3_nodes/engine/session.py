@@ -104,9 +104,10 @@ def refresh_b_models(ex) -> list[str]:
 
 def dit(address: str, name: str, namespace: str, model_path: str, partition: str = "transformer",
         dtype: str = "bfloat16", attention_backend: str = "sdpa", timeouts=None, threads: int | None = None,
-        precision: str = "auto"):
+        precision: str = "auto", actors=None):
     """An executor (A in this process) bound to the named B actor; started, topology and health checked, B's
-    settings reconciled with these (see ``H3Executor.reconcile_b_config``) and B's model list refreshed."""
+    settings reconciled with these (see ``H3Executor.reconcile_b_config``) and B's model list refreshed.
+    ``actors``: the :class:`~.executor.ActorClasses` to place (the caller's composition root decides them)."""
     from .executor import BConfig, H3Executor, SideConfig
 
     ensure_cluster(address)
@@ -128,7 +129,7 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
         ex = H3Executor(SideConfig(""), BConfig(str(model_path), partition=partition, dtype=dtype,
                                                 attention_backend=attention_backend, precision=precision,
                                                 name=name, namespace=namespace, threads=threads),
-                        a_mode="local", timeouts=timeouts)
+                        a_mode="local", timeouts=timeouts, actors=actors)
         ex.start()
         ex._cluster_started = CLUSTER.started
         _executors[key] = ex
