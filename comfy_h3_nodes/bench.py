@@ -62,10 +62,10 @@ def cluster(object_store_mb: int = 1024):
     """The embedded two-node cluster, or the one this process already joined (topology validated either way)."""
     import ray
 
+    from . import placement  # noqa: F401 - the composition root: registers the actor classes executors place
     from .engine import cluster as cl
 
     if ray.is_initialized():
-    from . import placement  # noqa: F401 - the composition root: registers the actor classes executors place
         cl.validate_topology()
         yield None
         return

@@ -270,6 +270,7 @@ class H3RemoteDiT:
 
     def connect(self, cluster_address, actor_name, namespace, model_path, partition, dtype, attention_backend,
                 precision="auto", unique_id=None):
+        from . import placement
         from .engine import session
 
         t0, w0 = time.perf_counter(), time.time()
@@ -345,7 +346,6 @@ class H3LoRA:
 class H3Keyframes:
     DESCRIPTION = "First and/or last keyframe for MiniMax-H3's fl2va workflow."
     CATEGORY = CATEGORY
-        from . import placement
     RETURN_TYPES = ("H3_KEYFRAMES",)
     RETURN_NAMES = ("keyframes",)
     FUNCTION = "make"
