@@ -239,7 +239,10 @@ class H3RemoteDiT:
         models = session.b_model_choices()
         return {"required": {
             "cluster_address": ("STRING", {"default": "local", "tooltip": "'local' or the Ray head host:port"}),
-            "actor_name": ("STRING", {"default": "h3_dit"}),
+            "actor_name": ("STRING", {"default": "h3_dit*", "tooltip": (
+                "the DiT workers to use: one name, a comma-separated list, or a prefix with '*' (h3_dit* = every "
+                "worker `remote_worker setup --name h3_dit...` started). Each request goes to the worker that can "
+                "start it soonest; a worker lost mid-request hands it to another")}),
             "namespace": ("STRING", {"default": "comfy_h3"}),
             "model_path": (models, {"default": models[0], "tooltip": (
                 "model on machine B: the list is what B reported at the last connection (run once, then Refresh); "
@@ -275,8 +278,12 @@ class H3RemoteDiT:
 
         t0, w0 = time.perf_counter(), time.time()
         address = rq.check_cluster_address(cluster_address)
-        if not actor_name.strip():
-            raise rq.RequestError("actor_name is empty; use the name `remote_worker setup` printed (default h3_dit).")
+        from .engine import pool
+
+        try:
+            pool.parse_spec(actor_name)
+        except ValueError as exc:
+            raise rq.RequestError(f"{exc} Use the name `remote_worker setup` printed.") from None
         session.A_MODEL_ROOTS[:] = _host().model_folders()
         ex = session.dit(address, actor_name.strip(), namespace.strip(), model_path.strip(), partition,
                          dtype, attention_backend, precision=precision, actors=placement.ACTORS)

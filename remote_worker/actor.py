@@ -71,6 +71,8 @@ class DiTActorImpl(common.ResidentActorMixin):
         self._progress: dict[str, dict] = {}
         self._cancelled: set[str] = set()
         self._decoding: set[str] = set()  # requests whose decode share runs now
+        self._queue: dict[str, dict] = {}  # pool: announced denoises (enqueue), in arrival order, until they end
+        self._step_s: deque = deque(maxlen=32)  # seconds of the last steps (the pool's wait estimate)
         self.recent: deque = deque(maxlen=50)
         self.node_ip = ray.util.get_node_ip_address()
         log.info("B ready on %s: %s", self.node_ip, self.side.resident())
@@ -82,6 +84,9 @@ class DiTActorImpl(common.ResidentActorMixin):
         progress = {"state": "waiting", "steps": [], "total": 0, "error": None}
         with self._lock:
             self._progress[request_id] = progress
+            entry = self._queue.setdefault(request_id, {"request_id": request_id, "steps": 0, "client": None,
+                                                        "since": time.time()})
+            entry["state"] = "running"
         t_start = time.time()
         try:
             if request_id in self._cancelled:
@@ -101,8 +106,11 @@ class DiTActorImpl(common.ResidentActorMixin):
             progress["state"] = "running"
             progress["total"] = payload.num_inference_steps
 
+            entry["steps"] = entry["steps"] or payload.num_inference_steps
+
             def on_step(rec):
                 progress["steps"].append((rec.index, rec.total, rec.seconds))
+                self._step_s.append(rec.seconds)
 
             result = self.side.denoise(payload, on_step=on_step, validated=True,
                                        should_cancel=lambda: request_id in self._cancelled)
@@ -115,7 +123,8 @@ class DiTActorImpl(common.ResidentActorMixin):
                               note="; ".join(notes), info=self._serving(result.swap_s))
             progress["state"] = "done"
             self.recent.append({"request_id": request_id, "workflow": payload.workflow, "steps": len(result.steps),
-                                "compute_s": round(result.compute_s, 4), "finished": time.time()})
+                                "compute_s": round(result.compute_s, 4), "finished": time.time(),
+                                "client": entry.get("client")})
             log.info("[%s] denoised %d steps in %.3f s", request_id, len(result.steps), result.compute_s)
             return result.latents, [a_to_b, den]
         except DenoiseCancelled as exc:
@@ -130,6 +139,7 @@ class DiTActorImpl(common.ResidentActorMixin):
             raise
         finally:
             with self._lock:
+                self._queue.pop(request_id, None)
                 self._cancelled.discard(request_id)
                 # keep only the most recent progress entries
                 while len(self._progress) > 64:
@@ -166,6 +176,60 @@ class DiTActorImpl(common.ResidentActorMixin):
                 self._cancelled.discard(request_id)
 
     # ------------------------------------------------------------------------------------------------ control
+    @ray.method(concurrency_group="control")
+    def enqueue(self, request_id: str, steps: int, client: str | None = None) -> int:
+        """Pool: a client announces the denoise it submits next (its steps), so every client sees this worker's
+        queue; ``denoise`` drops the entry when it ends, ``dequeue`` when the client withdraws it. Returns the
+        steps queued here, this one included."""
+        with self._lock:
+            ttl = float(os.environ.get("H3_POOL_QUEUE_TTL_S", "3600"))
+            for rid in [r for r, e in self._queue.items() if e["state"] == "queued" and time.time() - e["since"] > ttl]:
+                self._queue.pop(rid)  # announced, never submitted (its client died in between)
+            self._queue.setdefault(request_id, {"request_id": request_id, "steps": int(steps), "client": client,
+                                                "since": time.time(), "state": "queued"})
+            return self._queued_steps()
+
+    @ray.method(concurrency_group="control")
+    def dequeue(self, request_id: str) -> bool:
+        """Pool: withdraw an announced denoise that will not be submitted (or was cancelled while queued)."""
+        with self._lock:
+            e = self._queue.get(request_id)
+            if e is None or e["state"] != "queued":
+                return False
+            del self._queue[request_id]
+            return True
+
+    def _queued_steps(self) -> int:
+        total = 0
+        for rid, e in self._queue.items():
+            done = len((self._progress.get(rid) or {}).get("steps", ())) if e["state"] == "running" else 0
+            total += max(int(e["steps"]) - done, 0)
+        return total
+
+    @ray.method(concurrency_group="control")
+    def pool_status(self) -> dict:
+        """Pool: what this worker holds and has to do, cheaply (no memory probe): the routing and ``/h3/status``."""
+        with self._lock:
+            queue = [{k: e[k] for k in ("request_id", "steps", "client", "state")} for e in self._queue.values()]
+            queued = self._queued_steps()
+            running = next((e for e in self._queue.values() if e["state"] == "running"), None)
+            cur = None
+            if running is not None:
+                p = self._progress.get(running["request_id"]) or {}
+                cur = {"request_id": running["request_id"], "client": running["client"],
+                       "step": len(p.get("steps", ())), "total": p.get("total") or running["steps"]}
+        side = self.side
+        steps = sorted(self._step_s)
+        return {"name": ray.get_runtime_context().get_actor_name() or self.config.get("name"),
+                "node_ip": self.node_ip, "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "ok": side is not None, "partition": side.partition if side else None,
+                "resident_partitions": list(side.resident_partitions) if side else [],
+                "precision": self.config.get("precision") or "auto", "dtype": side.dtype if side else None,
+                "model": self.config.get("model_dir"),
+                "memory_plan": {"summary": side.memory_plan.to_dict().get("summary")} if side else None,
+                "current": cur, "queue": queue, "queued_steps": queued,
+                "step_s": steps[len(steps) // 2] if steps else None}
+
     @ray.method(concurrency_group="control")
     def progress(self, request_id: str) -> dict:
         p = self._progress.get(request_id)

@@ -4,7 +4,8 @@ Ray leaves an actor that asks for a missing role pending forever with no error, 
 turns token authentication on by default for ``ray start``: this module exists so that none of that can hang us.
 
 * Roles are custom node resources, ``h3_role_a`` and ``h3_role_b``; :func:`validate_topology` demands exactly one
-  alive node per role, on distinct nodes, before anything is placed, and names every node it saw when it fails.
+  alive A node and at least one alive B node (a pool of DiT workers may span several), none of them both, before
+  anything is placed, and names every node it saw when it fails.
 * :class:`EmbeddedCluster` starts a real two-node cluster on this machine (two raylets at 127.0.0.2 and 127.0.0.3,
   object stores capped) with ``ray.cluster_utils.Cluster``; it is loopback-only, so it runs without a token.
 * :func:`connect` joins an existing cluster as a driver; any address that is not loopback requires token auth.
@@ -55,11 +56,16 @@ class NodeInfo:
 @dataclass(frozen=True)
 class Topology:
     a: NodeInfo
-    b: NodeInfo
+    b: NodeInfo  # the first B node (the only one of a two-machine pair)
     nodes: tuple[NodeInfo, ...] = field(default_factory=tuple)
+    bs: tuple[NodeInfo, ...] = ()  # every alive B node (a pool of DiT workers)
+
+    def b_nodes(self) -> tuple[NodeInfo, ...]:
+        return self.bs or (self.b,)
 
     def to_dict(self) -> dict:
         return {"A": {"ip": self.a.ip, "node_id": self.a.node_id}, "B": {"ip": self.b.ip, "node_id": self.b.node_id},
+                "B_nodes": [{"ip": n.ip, "node_id": n.node_id} for n in self.b_nodes()],
                 "nodes": [n.describe() for n in self.nodes]}
 
 
@@ -75,7 +81,8 @@ def list_nodes() -> list[NodeInfo]:
 
 
 def validate_topology(nodes: list[NodeInfo] | None = None) -> Topology:
-    """Exactly one alive node per role, and distinct; otherwise a :class:`ClusterError` listing what was found."""
+    """Exactly one alive A node, one or more alive B nodes, none both; otherwise a :class:`ClusterError` listing
+    what was found."""
     nodes = list_nodes() if nodes is None else nodes
     alive = [n for n in nodes if n.alive]
     a = [n for n in alive if ROLE_A in n.roles]
@@ -91,13 +98,12 @@ def validate_topology(nodes: list[NodeInfo] | None = None) -> Topology:
         )
     if len(a) > 1:
         problems.append(f"{len(a)} nodes offer role A, expected one")
-    if len(b) > 1:
-        problems.append(f"{len(b)} nodes offer role B, expected one")
-    if len(a) == 1 and len(b) == 1 and a[0].node_id == b[0].node_id:
+    if len(a) == 1 and any(a[0].node_id == n.node_id for n in b):
         problems.append("roles A and B are on the same node; they must be two nodes (two machines)")
     if problems:
         raise ClusterError("cluster topology is wrong: " + "; ".join(problems) + f". Nodes found: {seen}.")
-    return Topology(a[0], b[0], tuple(nodes))
+    b = sorted(b, key=lambda n: (n.ip, n.node_id))
+    return Topology(a[0], b[0], tuple(nodes), tuple(b))
 
 
 def is_loopback(address: str) -> bool:
@@ -355,15 +361,21 @@ class EmbeddedCluster:
         install_exit_hooks()  # on the main thread; the pack's import did it for ComfyUI's worker thread
         return self
 
-    def add_b_node(self):
+    def add_b_node(self, ip: str = B_IP, num_cpus: int | None = None):
+        """A raylet with role B at ``ip`` (another DiT machine of a pool: 127.0.0.4, ...); returns Ray's node."""
         with _sigterm_kept(), _ray_nodes_off_main_thread():
-            return self._add_b_node()
+            return self._add_b_node(ip, num_cpus)
 
-    def _add_b_node(self):
-        node = self._cluster.add_node(resources={ROLE_B: ROLE_UNITS}, node_ip_address=B_IP,
-                                      object_store_memory=self.object_store_mb * 2**20, num_cpus=self.num_cpus)
+    def _add_b_node(self, ip: str = B_IP, num_cpus: int | None = None):
+        node = self._cluster.add_node(resources={ROLE_B: ROLE_UNITS}, node_ip_address=ip,
+                                      object_store_memory=self.object_store_mb * 2**20,
+                                      num_cpus=num_cpus or self.num_cpus)
         self._cluster.wait_for_nodes()
         return node
+
+    def remove_node(self, node) -> None:
+        """Remove a raylet this cluster added (a pool's extra B node), at once."""
+        self._cluster.remove_node(node, allow_graceful=False)
 
     def kill_b_node(self) -> None:
         """Remove B's raylet (used by fault tests)."""

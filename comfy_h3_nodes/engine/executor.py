@@ -36,6 +36,7 @@ import ray
 from . import actor_common as common
 from . import catalog
 from . import cluster as cl
+from . import pool as pl
 from . import split_decode as sd
 from . import wire
 from .a_side import ASide, DecodedMedia
@@ -243,6 +244,9 @@ class H3Executor:
         self._encoding = self._denoising = 0  # this executor's requests that are, or soon will be, B's work
         self._held: OrderedDict[str, object] = OrderedDict()  # local mode: latents refs on B, for a later decode
         self._shares: dict[str, list] = {}  # B's decode-share refs of running split decodes
+        self.pool: pl.DiTPool | None = None  # the DiT workers b_config.name matches (one name, a list, a prefix*)
+        self._worker_of: OrderedDict[str, pl.Worker] = OrderedDict()  # request -> the worker that denoises it
+        self._reconciled: set[tuple] = set()  # (name, pid) of workers whose settings match this caller's
         _EXECUTORS.add(self)
 
     # ------------------------------------------------------------------------------------------------ start
@@ -277,15 +281,35 @@ class H3Executor:
             if self.a_name:
                 a_opts.update(name=self.a_name, namespace=self.b_config.namespace, get_if_exists=True)
             self.a = actors.encoder().options(**a_opts).remote(asdict(self.a_config))
-        self.b = actors.dit().options(
-            name=self.b_config.name, namespace=self.b_config.namespace, lifetime="detached", get_if_exists=True,
-            resources={cl.ROLE_B: 1}, max_restarts=self.b_config.max_restarts, max_task_retries=0,
-            runtime_env=self._runtime_env(),
-        ).remote(asdict(self.b_config))
+        # the pool: every live worker the name spec matches; none yet (the embedded cluster): start one on B
+        self.pool = pl.DiTPool(self.b_config.name, self.b_config.namespace,
+                               status_timeout=min(self.timeouts.health, 5.0))
+        found = self.pool.refresh()
+        if found:
+            self.b = found[0].handle
+        else:
+            name = pl.create_name(self.b_config.name)
+            self.b = actors.dit().options(
+                name=name, namespace=self.b_config.namespace, lifetime="detached", get_if_exists=True,
+                resources={cl.ROLE_B: 1}, max_restarts=self.b_config.max_restarts, max_task_retries=0,
+                runtime_env=self._runtime_env(),
+            ).remote(asdict(dataclasses.replace(self.b_config, name=name)))
         self._verify_placement()
         health = self.check_health()
         self.reconcile_b_config(health["B"])
+        for w in self.pool.refresh():
+            self._reconcile_worker(w)
         return self
+
+    def _reconcile_worker(self, w: "pl.Worker") -> None:
+        """A worker of the pool serves this caller's settings (model, dtype, attention, precision) before it gets
+        one of its requests; checked once per worker process."""
+        key = (w.name, w.status.get("pid"))
+        if key in self._reconciled:
+            return
+        health = ray.get(w.handle.health.remote(), timeout=self.timeouts.health)
+        self.reconcile_b_config(health, w.handle)
+        self._reconciled.add(key)
 
     def _measure_clock(self, bound: float, rounds: int = 3) -> tuple[float, float]:
         """B's clock minus this machine's, from the round trip with the smallest delay (NTP's estimate)."""
@@ -314,12 +338,16 @@ class H3Executor:
             changes["precision"] = want.precision
         return changes
 
-    def reconcile_b_config(self, b: dict) -> dict:
+    def reconcile_b_config(self, b: dict, actor=None) -> dict:
         """One rule for every setting: a running B that serves other settings than this caller asked for is
         reconfigured to them (queued behind its running requests, then a reload) and the change is reported in
-        ``last_reconfigure``; if B cannot apply them, one sentence names both values and the fix. Returns B's health."""
+        ``last_reconfigure``; if B cannot apply them, one sentence names both values and the fix. Returns B's health.
+        ``actor``: another worker of the pool than the primary ``b``."""
         changes = self.b_config_changes(b)
-        self.last_reconfigure = ""
+        primary = actor is None
+        actor = self.b if actor is None else actor
+        if primary:
+            self.last_reconfigure = ""
         if not changes:
             return b
         names = {"model_dir": "model", "dtype": "dtype", "attention_backend": "attention backend",
@@ -330,7 +358,7 @@ class H3Executor:
         desc = ", ".join(f"{names[k]} {have[k]} -> {v}" for k, v in changes.items())
         log.info("B actor %r serves other settings; reconfiguring it: %s", self.b_config.name, desc)
         try:
-            done = ray.get(self.b.reconfigure.remote(changes), timeout=self.timeouts.start)
+            done = ray.get(actor.reconfigure.remote(changes), timeout=self.timeouts.start)
         except ray.exceptions.GetTimeoutError as exc:
             raise H3Timeout(f"B did not finish reconfiguring ({desc}) within {self.timeouts.start:.0f} s.") from exc
         except ray.exceptions.RayError as exc:
@@ -339,6 +367,8 @@ class H3Executor:
                 f"could not switch: {_first_line(unwrap_ray_error(exc)).rstrip('.')}. Set the node to what B serves, "
                 "or fix the cause above."
             ) from None
+        if not primary:
+            return ray.get(actor.health.remote(), timeout=self.timeouts.health)
         self.last_reconfigure = f"{desc} ({done['seconds']:.1f} s)"
         return self.check_health()["B"]
 
@@ -368,7 +398,8 @@ class H3Executor:
             except ray.exceptions.RayError as exc:
                 inner = unwrap_ray_error(exc)
                 raise H3Error(f"the {role} actor failed to start on {node.ip}: {_first_line(inner)}") from inner
-            if ip != node.ip:
+            allowed = {n.ip for n in self.topology.b_nodes()} if role == "B" else {node.ip}
+            if ip not in allowed:
                 raise H3Error(f"the {role} actor runs on {ip}, expected the {role} node {node.ip}.")
 
     # ------------------------------------------------------------------------------------------------ health
@@ -376,6 +407,12 @@ class H3Executor:
         """Both actors answer within the health bound, and their versions agree (wire schema included)."""
         bound = timeout or self.timeouts.health
         out = {}
+        if self.pool is not None:  # the primary worker left the pool: another one answers for B
+            live = self.pool.refresh(min(bound, self.pool.status_timeout))
+            ids = {w.handle._actor_id for w in live}
+            if live and (self.b is None or self.b._actor_id not in ids):
+                self.b = live[0].handle
+            out["workers"] = self.pool.describe()
         if self.a_mode == "local" and self.local_a is not None:
             out["A"] = common.base_health("A", self.local_a, self._local_started)
         for role, actor in ([("A", self.a)] if self.a is not None else []) + [("B", self.b)]:
@@ -480,7 +517,67 @@ class H3Executor:
         return den
 
     async def _denoise_counted(self, enc: Encoded, rid: str, on_step) -> Denoised:
-        latents_ref, recs_ref = self.b.denoise.remote([enc.payload_ref], rid, self.timeouts.handoff)
+        """Route the denoise to a worker of the pool (:func:`.pool.choose`); if that worker dies or leaves
+        mid-request, run it once more on another one. B draws all noise from the seed, so the result is the same;
+        the denoise record's note says it was re-run, and what was lost."""
+        lost: list[tuple] = []  # (worker, exception, seconds lost)
+        t0 = time.monotonic()
+        while True:
+            w = await self._pick_worker(enc, rid, lost)
+            rerun = ""
+            if lost:
+                old, exc, spent = lost[-1]
+                rerun = (f"re-run on worker {w.name} ({w.node_ip}) after worker {old.name} ({old.node_ip}) was lost "
+                         f"{spent:.1f} s into the request ({type(exc).__name__})")
+            try:
+                return await self._denoise_on(w, enc, rid, on_step, rerun)
+            except _WorkerLost as gone:
+                lost.append((w, gone.exc, time.monotonic() - t0))
+                log.warning("[%s] DiT worker %s lost mid-request (%s)", rid, w.name, type(gone.exc).__name__)
+                if len(lost) > 1:  # already re-run once
+                    raise await self._lost_error(rid, lost, "it was already re-run once") from None
+
+    async def _pick_worker(self, enc: Encoded, rid: str, lost: list) -> "pl.Worker":
+        """The worker for this request, its settings reconciled and the request announced on its queue. The first
+        pick waits (up to the start bound) for workers that exist but do not answer yet (restarting, loading); a
+        re-run takes only workers that answer now, so a pool with none left is reported within seconds."""
+        exclude = tuple(x[0].name for x in lost)
+        bound = min(self.timeouts.health, 5.0)
+        patience = 0.0 if lost else self.timeouts.start
+        try:
+            w = await asyncio.wait_for(asyncio.to_thread(self.pool.pick, enc.workflow, exclude, bound, patience),
+                                       (patience or bound) + bound + 5)
+        except (pl.PoolError, asyncio.TimeoutError) as exc:
+            if lost:
+                raise await self._lost_error(rid, lost, "no other DiT worker answers") from None
+            raise H3Error(f"request {rid} cannot start on B: {exc}") from None
+        if (w.name, w.status.get("pid")) not in self._reconciled:
+            await asyncio.to_thread(self._reconcile_worker, w)
+        self._worker_of[rid] = w
+        while len(self._worker_of) > 64:
+            self._worker_of.popitem(last=False)
+        try:
+            await _await_ref(w.handle.enqueue.remote(rid, enc.num_inference_steps, self.pool.client),
+                             self.timeouts.health)
+        except Exception:  # noqa: BLE001 - the denoise call itself reports a worker that is gone
+            pass
+        return w
+
+    async def _lost_error(self, rid: str, lost: list, why: str) -> H3Error:
+        """The one sentence for a request whose worker was lost and that no other worker could take over."""
+        w, exc, _ = lost[-1]
+        err = _remote_error("B", "denoise", rid, exc)
+        # "unavailable" comes before the head has judged B's node (~1.5 s vs ~2.5 s): give it a moment
+        settle = NODE_SETTLE_S if isinstance(exc, ray.exceptions.ActorUnavailableError) else 0.0
+        if await self._b_node_gone(settle, w.status.get("node_id")):
+            err = _node_lost_error("B", w.node_ip, "denoise", rid)
+        names = ", ".join(x[0].name for x in lost)
+        out = type(err)(f"{str(err).rstrip('.')} (DiT worker {names}; {why}, so it was not re-run).")
+        return out
+
+    async def _denoise_on(self, w: "pl.Worker", enc: Encoded, rid: str, on_step, rerun: str = "") -> Denoised:
+        b = w.handle
+        latents_ref, recs_ref = b.denoise.remote([enc.payload_ref], rid, self.timeouts.handoff)
         fut = asyncio.wrap_future(recs_ref.future())
         seen, last_progress, cancel_sent = 0, time.monotonic(), False
         try:
@@ -489,10 +586,10 @@ class H3Executor:
                 if done:
                     break
                 if rid in self._cancelled and not cancel_sent:
-                    self.b.cancel.remote(rid)
+                    b.cancel.remote(rid)
                     cancel_sent = True
                 try:
-                    prog = await _await_ref(self.b.progress.remote(rid), self.timeouts.health)
+                    prog = await _await_ref(b.progress.remote(rid), self.timeouts.health)
                 except asyncio.TimeoutError:
                     prog = None  # B busy answering; the stall bound below still applies
                 steps = prog["steps"] if prog else []
@@ -505,7 +602,7 @@ class H3Executor:
                 elif prog and prog["state"] in ("waiting", "queued"):
                     last_progress = time.monotonic()
                 if time.monotonic() - last_progress > self.timeouts.stall:
-                    self.b.cancel.remote(rid)
+                    b.cancel.remote(rid)
                     ray.cancel(recs_ref)
                     raise H3Timeout(
                         f"B made no denoise progress on request {rid} for {self.timeouts.stall:.0f} s; it was "
@@ -515,15 +612,16 @@ class H3Executor:
             # the A->B record is B's (receiver's clock); the put into A's object store happened on A
             records[0] = dataclasses.replace(records[0], serialize_s=enc.record.serialize_s)
             records = [dataclasses.replace(r, clock_offset_s=self.clock_offset_s) for r in records]
+            den_rec = records[1]
+            records[1] = dataclasses.replace(
+                den_rec, note="; ".join(x for x in (den_rec.note, rerun) if x),
+                info={**(den_rec.info or {}), "worker": w.name, **({"rerun": rerun} if rerun else {})})
         except ray.exceptions.RayError as exc:
             err = _remote_error("B", "denoise", rid, exc)
             if rid in self._cancelled:
                 raise H3Cancelled(f"request {rid} was cancelled; B stopped it between two steps.") from None
-            # "unavailable" comes before the head has judged B's node (~1.5 s vs ~2.5 s): give it a moment
-            settle = NODE_SETTLE_S if isinstance(exc, ray.exceptions.ActorUnavailableError) else 0.0
-            if isinstance(exc, (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)) and \
-                    await self._b_node_gone(settle):
-                err = _node_lost_error("B", self.topology.b.ip if self.topology else "?", "denoise", rid)
+            if isinstance(exc, (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)):
+                raise _WorkerLost(exc) from None  # the caller re-runs it on another worker, or says why not
             raise err from None
         except BaseException:
             # the latents ref carries the same error; read it when it lands so Ray does not log it as unhandled
@@ -541,17 +639,19 @@ class H3Executor:
         self.timings.add(records)
         return Denoised(rid, enc.workflow, latents_ref, records, enc.shape)
 
-    async def _b_node_gone(self, settle: float = 0.0) -> bool:
-        """No alive Ray node offers role B any more: the head's health checks lost machine B (down, its raylet
-        killed, or the link cut), as opposed to only B's actor process dying. Asks the GCS on A, for up to
-        ``settle`` seconds while B's node still counts as alive; every call bounded."""
+    async def _b_node_gone(self, settle: float = 0.0, node_id: str | None = None) -> bool:
+        """No alive Ray node offers role B any more (with ``node_id``: that B node is no longer alive): the head's
+        health checks lost machine B (down, its raylet killed, or the link cut), as opposed to only B's actor
+        process dying. Asks the GCS on A, for up to ``settle`` seconds while B's node still counts as alive; every
+        call bounded."""
         deadline = time.monotonic() + settle
         while True:
             try:
                 nodes = await asyncio.wait_for(asyncio.to_thread(cl.list_nodes), self.timeouts.health)
             except Exception:  # the GCS did not answer either: keep the actor's own error
                 return False
-            if not any(n.alive and cl.ROLE_B in n.roles for n in nodes):
+            if not any(n.alive and cl.ROLE_B in n.roles and (node_id is None or n.node_id == node_id)
+                       for n in nodes):
                 return True
             if time.monotonic() >= deadline:
                 return False
@@ -633,7 +733,7 @@ class H3Executor:
 
     def _start_b_share(self, latents_ref, rid: str, plan: DecodePlan) -> list:
         """B's share of a split decode, queued on B's compute queue; its refs (clips, then B's record)."""
-        refs = self.b.decode_share.options(num_returns=plan.clips - plan.b_start + 1).remote(
+        refs = self._b_of(rid).decode_share.options(num_returns=plan.clips - plan.b_start + 1).remote(
             [latents_ref], rid, plan.b_start, plan.clips, self.timeouts.handoff)
         refs = list(refs)
         self._shares[rid] = refs
@@ -808,8 +908,11 @@ class H3Executor:
         """Cancel a request: B stops before its next step; a request not yet on B never starts there; a split
         decode stops on both machines before their next clip."""
         self._cancelled.add(request_id)
-        if self.b is not None:
-            self.b.cancel.remote(request_id)
+        b = self._b_of(request_id)
+        if b is not None:
+            b.cancel.remote(request_id)
+            if request_id in self._worker_of:
+                b.dequeue.remote(request_id)  # announced but not started: off the worker's queue now
         if self.a is not None:
             self.a.cancel.remote(request_id)
         for ref in self._shares.get(request_id, ())[:1]:
@@ -817,6 +920,11 @@ class H3Executor:
                 ray.cancel(ref)  # still queued on B: never starts (a running share stops at its next clip)
             except Exception:  # noqa: BLE001 - already finished or not cancellable
                 pass
+
+    def _b_of(self, request_id: str):
+        """The worker that denoises (or denoised, and holds the latents of) ``request_id``; else the primary B."""
+        w = self._worker_of.get(request_id)
+        return w.handle if w is not None else self.b
 
     def shutdown(self, kill_b: bool = False) -> None:
         if ray.is_initialized():
@@ -828,6 +936,14 @@ class H3Executor:
         if kill_b:
             self.b = None
         self._loop.stop()
+
+
+class _WorkerLost(Exception):
+    """The worker denoising a request died or left the cluster (the request may run again on another)."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(str(exc))
+        self.exc = exc
 
 
 def holder_of(request_id: str) -> "H3Executor | None":

@@ -156,11 +156,13 @@ def _drop(key) -> None:
 
 
 def status(timeout: float = 5.0) -> dict:
-    """What ``GET /h3/status`` answers: cluster, nodes, actors, health; never raises, never hangs."""
+    """What ``GET /h3/status`` answers: cluster, nodes, actors, health, and ``workers``: every DiT worker of the
+    pools this process uses (node, partitions, queue, current request and the client it serves); never raises, never
+    hangs."""
     import sys
 
     out = {"connected": False, "cluster": {"mode": CLUSTER.mode or None, "address": CLUSTER.address or None},
-           "nodes": [], "actors": [], "error": None, "time": time.time(),
+           "nodes": [], "actors": [], "workers": [], "error": None, "time": time.time(),
            "models": {"A": catalog.choices(A_MODEL_ROOTS), "B": b_model_choices()}}
     if "ray" not in sys.modules:
         out["error"] = "not connected: run a graph with an H3RemoteDiT node to join the cluster"
@@ -182,6 +184,10 @@ def status(timeout: float = 5.0) -> dict:
         entry = {"name": key[1], "namespace": key[2], "partition": key[4]}
         try:
             entry["health"] = ex.check_health(timeout=min(ex.timeouts.health, timeout))
+            entry["workers"] = entry["health"].get("workers", [])
+            for w in entry["workers"]:  # every worker of every pool this process uses, once
+                if all(x["name"] != w["name"] for x in out["workers"]):
+                    out["workers"].append(w)
         except Exception as exc:  # noqa: BLE001 - reported to the UI
             entry["error"] = str(exc)
             out["error"] = out["error"] or f"B actor {key[1]!r} is unreachable: {exc}"

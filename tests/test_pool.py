@@ -1,0 +1,335 @@
+"""A pool of DiT workers on a three-node embedded cluster: A (127.0.0.2), B1 (127.0.0.3, the session's B node) and
+B2 (127.0.0.4, a raylet this module adds to the session cluster and removes afterwards).
+
+Workers are started as ``remote_worker setup`` starts them: a named, detached DiT actor pinned to its node, here
+with ``max_restarts=0`` (a killed worker stays dead) and one resident partition (``residency one``), so routing by
+partition shows. The executor runs A in this process (as inside ComfyUI) with the spec ``h3_pool_*``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+
+from comfy_h3_nodes.engine import pool as pl
+from conftest import workflow_request
+
+B1_IP, B2_IP = "127.0.0.3", "127.0.0.4"
+NS = "comfy_h3"
+SPEC = "h3_pool_*"
+PACK_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------------------------------------------- rules (no Ray)
+def _w(name, partitions, queued, queue=()):
+    return pl.Worker(name, None, {"resident_partitions": list(partitions), "queued_steps": queued,
+                                  "queue": list(queue)})
+
+
+def test_pool_spec_names_lists_and_prefixes():
+    assert pl.parse_spec(" a, b* ") == ("a", "b*")
+    assert pl.matches("h3_dit*", "h3_dit") and pl.matches("h3_dit*", "h3_dit_b2")
+    assert not pl.matches("h3_dit*", "x_h3_dit") and pl.matches("a,b", "b") and not pl.matches("a,b", "ab")
+    assert pl.create_name("h3_dit*") == "h3_dit" and pl.create_name("b1, h3*") == "b1"
+    for bad in ("", " , ", "a*b", "h3_[ab]"):
+        with pytest.raises(ValueError):
+            pl.parse_spec(bad)
+
+
+def test_pool_choice_partition_then_queued_steps():
+    holds_ref_busy = _w("b1", ["transformer_ref"], 40)
+    holds_t2va_idle = _w("b2", ["transformer"], 0)
+    # the partition the workflow needs wins over a shorter queue ...
+    assert pl.choose([holds_ref_busy, holds_t2va_idle], "transformer_ref").name == "b1"
+    assert pl.choose([holds_ref_busy, holds_t2va_idle], "transformer").name == "b2"
+    # ... then the queue counted in steps, not requests: one request of 40 steps waits longer than two of 3
+    one_long = _w("b1", ["transformer"], 40, [{"steps": 40}])
+    two_short = _w("b2", ["transformer"], 6, [{"steps": 3}, {"steps": 3}])
+    assert pl.choose([one_long, two_short], "transformer").name == "b2"
+    assert pl.choose([one_long, two_short], "transformer", exclude=("b2",)).name == "b1"
+    assert pl.choose([one_long], "transformer", exclude=("b1",)) is None
+    # ties: the name, so every client makes the same choice
+    assert pl.choose([_w("b2", ["transformer"], 0), _w("b1", ["transformer"], 0)], "transformer").name == "b1"
+
+
+# ---------------------------------------------------------------------------------------------------- three nodes
+def _node_id(ip: str) -> str:
+    from comfy_h3_nodes.engine import cluster as cl
+
+    return next(n.node_id for n in cl.list_nodes() if n.alive and n.ip == ip)
+
+
+def start_worker(name: str, ip: str, ckpt, **extra):
+    """A DiT worker as ``remote_worker setup --name NAME`` starts it, pinned to the node at ``ip``."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from comfy_h3_nodes import placement
+    from comfy_h3_nodes.engine import cluster as cl
+    from comfy_h3_nodes.engine.executor import BConfig
+
+    cfg = asdict(BConfig(str(ckpt), dtype="float32", threads=1, name=name, max_restarts=0, **extra))
+    cfg["residency"] = "one"
+    actor = placement.ACTORS.dit().options(
+        name=name, namespace=NS, lifetime="detached", resources={cl.ROLE_B: 1}, max_restarts=0, max_task_retries=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(_node_id(ip), soft=False),
+        runtime_env={"env_vars": {"PYTHONPATH": PACK_ROOT, "HF_HUB_OFFLINE": "1"}},
+    ).remote(cfg)
+    assert ray.get(actor.ping.remote(), timeout=180) == ip
+    return actor
+
+
+def status(actor) -> dict:
+    import ray
+
+    return ray.get(actor.pool_status.remote(), timeout=20)
+
+
+@pytest.fixture(scope="module")
+def b2_node(ray_cluster):
+    node = ray_cluster.add_b_node(B2_IP, num_cpus=2)
+    yield node
+    ray_cluster.remove_node(node)
+
+
+@pytest.fixture(scope="module")
+def workers(b2_node, tiny_ckpt):
+    import ray
+
+    # each denoise lasts at least a second (a synthetic tail after the steps), so a test can kill a worker mid-call
+    slow = {"synthetic_stages": {"denoise": 1.0}}
+    made = {"b1": start_worker("h3_pool_b1", B1_IP, tiny_ckpt, **slow),
+            "b2": start_worker("h3_pool_b2", B2_IP, tiny_ckpt, **slow)}
+    yield made
+    for actor in made.values():
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - killed by a test already
+            pass
+
+
+@pytest.fixture(scope="module")
+def a_side(tiny_ckpt):
+    from comfy_h3_nodes.engine.a_side import ASide
+
+    return ASide(str(tiny_ckpt), dtype="float32")
+
+
+def make_executor(spec, tiny_ckpt, a_side):
+    from comfy_h3_nodes import placement
+    from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+
+    ex = H3Executor(SideConfig(""), BConfig(str(tiny_ckpt), dtype="float32", threads=1, name=spec),
+                    a_mode="local", local_a=a_side, actors=placement.ACTORS,
+                    timeouts=Timeouts(start=120, health=10, encode=60, handoff=60, stall=60, decode=60, poll=0.05))
+    return ex.start()
+
+
+@pytest.fixture(scope="module")
+def pool_ex(workers, tiny_ckpt, a_side):
+    ex = make_executor(SPEC, tiny_ckpt, a_side)
+    yield ex
+    ex.shutdown(kill_b=False)
+
+
+def denoise_record(result):
+    return next(r for r in result.records if r.stage == "denoise")
+
+
+def ran_on(result) -> str:
+    return denoise_record(result).info["worker"]
+
+
+def test_pool_finds_every_matching_worker(pool_ex, workers):
+    health = pool_ex.check_health()
+    names = {w["name"]: w for w in health["workers"]}
+    assert set(names) == {"h3_pool_b1", "h3_pool_b2"}
+    assert {names["h3_pool_b1"]["node"], names["h3_pool_b2"]["node"]} == {B1_IP, B2_IP}
+    assert all(w["partitions"] == ["transformer"] and w["queued_steps"] == 0 for w in names.values())
+    assert set(pool_ex.topology.to_dict()["B_nodes"][i]["ip"] for i in range(2)) == {B1_IP, B2_IP}
+
+
+def test_pool_routes_by_load_counted_in_steps(pool_ex, workers, media):
+    import ray
+
+    b1, b2 = workers["b1"], workers["b2"]
+    try:
+        ray.get(b1.enqueue.remote("other-b1", 40, "another client"), timeout=10)  # one long request
+        assert status(b1)["queued_steps"] == 40
+        assert ran_on(pool_ex.generate(workflow_request("t2va", media, seed=31)[0])) == "h3_pool_b2"
+        ray.get([b2.enqueue.remote("other-b2a", 3, "another client"),
+                 b2.enqueue.remote("other-b2b", 3, "another client")], timeout=10)  # two short ones: 6 steps
+        assert ran_on(pool_ex.generate(workflow_request("t2va", media, seed=32)[0])) == "h3_pool_b2"
+        ray.get(b2.enqueue.remote("other-b2c", 40, "another client"), timeout=10)  # now 46 steps on B2
+        assert ran_on(pool_ex.generate(workflow_request("t2va", media, seed=33)[0])) == "h3_pool_b1"
+    finally:
+        ray.get([b1.dequeue.remote("other-b1")] + [b2.dequeue.remote(f"other-b2{x}") for x in "abc"], timeout=10)
+    assert status(b1)["queued_steps"] == status(b2)["queued_steps"] == 0
+
+
+def test_pool_routes_by_partition(pool_ex, workers, media):
+    import ray
+
+    b1, b2 = workers["b1"], workers["b2"]
+    first = pool_ex.generate(workflow_request("ref2va", media, seed=41)[0])  # both must swap: the tie goes to B1
+    assert ran_on(first) == "h3_pool_b1" and denoise_record(first).info["partition"] == "transformer_ref"
+    assert status(b1)["resident_partitions"] == ["transformer_ref"]
+    try:
+        ray.get(b1.enqueue.remote("other-b1", 40, "another client"), timeout=10)
+        # B1 holds transformer_ref: a ref2va goes there even behind 40 queued steps; a t2va goes to B2 (no swap)
+        again = pool_ex.generate(workflow_request("ref2va", media, seed=42)[0])
+        assert ran_on(again) == "h3_pool_b1" and denoise_record(again).info["swapped_s"] == 0
+        assert ran_on(pool_ex.generate(workflow_request("t2va", media, seed=43)[0])) == "h3_pool_b2"
+    finally:
+        ray.get(b1.dequeue.remote("other-b1"), timeout=10)
+    assert status(b2)["resident_partitions"] == ["transformer"]
+
+
+def test_pool_status_shows_current_request_and_client(pool_ex, workers, media):
+    from comfy_h3_nodes.engine import session
+
+    req = workflow_request("t2va", media, seed=51, steps=40)[0]
+    fut = pool_ex.submit(req)
+    seen = None
+    deadline = time.monotonic() + 60
+    while seen is None and time.monotonic() < deadline and not fut.done():
+        for a in workers.values():
+            cur = status(a)["current"]
+            if cur and cur["request_id"] == req.request_id:
+                seen = cur
+        time.sleep(0.05)
+    fut.result(timeout=120)
+    assert seen is not None and seen["client"] == pool_ex.pool.client and seen["total"] >= 39
+    key = ("pool-test",) * 8
+    session._executors[key] = pool_ex
+    try:
+        out = session.status(timeout=10)
+    finally:
+        session._executors.pop(key, None)
+    listed = {w["name"]: w for w in out["workers"]}
+    assert {"h3_pool_b1", "h3_pool_b2"} <= set(listed)
+    for w in listed.values():
+        assert {"node", "partitions", "queue", "current_request", "client"} <= set(w)
+
+
+def test_pool_two_drivers_share_the_workers(pool_ex, workers, ray_cluster, tiny_ckpt, media):
+    import ray
+
+    script = textwrap.dedent(f"""
+        import json, torch
+        torch.set_num_threads(1)
+        from comfy_h3_nodes import placement
+        from comfy_h3_nodes.engine.cluster import connect, A_IP
+        from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+        from comfy_h3_nodes.engine.request import H3Request
+        connect("{ray_cluster.address}", node_ip=A_IP)
+        ex = H3Executor(SideConfig("{tiny_ckpt}", dtype="float32"),
+                        BConfig("{tiny_ckpt}", dtype="float32", threads=1, name="{SPEC}"), a_mode="local",
+                        actors=placement.ACTORS, timeouts=Timeouts(start=120, health=10, poll=0.05))
+        ex.start()
+        reqs = [H3Request(prompt="second driver", height=64, width=64, num_frames=124, steps=8, seed=60 + i,
+                          request_id=f"drv2-{{i}}") for i in range(3)]
+        res = ex.run_many(reqs)
+        print(json.dumps({{"client": ex.pool.client,
+                           "workers": [next(r for r in x.records if r.stage == "denoise").info["worker"]
+                                       for x in res]}}))
+        ex.shutdown()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ))
+    try:
+        mine = pool_ex.run_many([workflow_request("t2va", media, seed=70 + i, steps=8)[0] for i in range(3)])
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    theirs = json.loads(out.strip().splitlines()[-1])
+    assert theirs["client"] != pool_ex.pool.client
+    assert all(r.media.frames.shape == (124, 64, 64, 3) for r in mine)
+    served = [e for a in workers.values() for e in ray.get(a.health.remote(), timeout=20)["recent"]]
+    clients = {e.get("client") for e in served}
+    assert {pool_ex.pool.client, theirs["client"]} <= clients
+    assert {e["request_id"] for e in served} >= {f"drv2-{i}" for i in range(3)}
+
+
+def test_pool_worker_killed_mid_denoise_reruns_bit_identical(pool_ex, workers, tiny_ckpt, a_side, media):
+    import ray
+
+    b1, b2 = workers["b1"], workers["b2"]
+    workflow = "ref2va" if "transformer_ref" in status(b1)["resident_partitions"] else "t2va"
+    req, _ = workflow_request(workflow, media, seed=81, steps=12)
+    alone = make_executor("h3_pool_b2", tiny_ckpt, a_side)  # a pool of one worker: B2
+    try:
+        assert [w.name for w in alone.pool.refresh()] == ["h3_pool_b2"]
+        expected = alone.generate(workflow_request(workflow, media, seed=81, steps=12)[0])
+    finally:
+        alone.shutdown(kill_b=False)
+    assert ran_on(expected) == "h3_pool_b2"
+    pid = ray.get(b1.health.remote(), timeout=20)["pid"]
+    killed = []
+
+    def on_step(ev):
+        if ev.index == 1 and not killed:
+            killed.append(time.monotonic())
+            os.kill(pid, signal.SIGKILL)
+
+    ray.get(b2.enqueue.remote("other-b2", 100, "another client"), timeout=10)  # so the request starts on B1
+    try:
+        t0 = time.monotonic()
+        result = pool_ex.generate(req, on_step=on_step)
+    finally:
+        ray.get(b2.dequeue.remote("other-b2"), timeout=10)
+    assert killed, "B1 was never killed: the request did not start there"
+    rec = denoise_record(result)
+    assert ran_on(result) == "h3_pool_b2" and "re-run on worker h3_pool_b2" in rec.note
+    assert "h3_pool_b1" in rec.info["rerun"] and "lost" in rec.info["rerun"]
+    assert np.array_equal(result.media.frames, expected.media.frames)
+    assert np.array_equal(result.media.audio, expected.media.audio)
+    assert time.monotonic() - t0 < 120
+
+
+def test_pool_no_worker_left_says_so_within_10s(pool_ex, workers, media):
+    import ray
+
+    from comfy_h3_nodes.engine.executor import H3Error
+
+    b2 = workers["b2"]
+    assert [w.name for w in pool_ex.pool.refresh()] == ["h3_pool_b2"]  # B1 was killed above
+    pid = ray.get(b2.health.remote(), timeout=20)["pid"]
+    killed = []
+
+    def on_step(ev):
+        if ev.index == 1 and not killed:
+            killed.append(time.monotonic())
+            os.kill(pid, signal.SIGKILL)
+
+    req = workflow_request("t2va", media, seed=91, steps=12)[0]
+    with pytest.raises(H3Error) as info:
+        pool_ex.generate(req, on_step=on_step)
+    assert killed and time.monotonic() - killed[0] < 10
+    msg = str(info.value)
+    assert req.request_id in msg and "h3_pool_b2" in msg and "not re-run" in msg
+    assert msg.count(". ") <= 2, msg
+
+
+def test_pool_worker_that_joins_later_is_used(pool_ex, tiny_ckpt, workers, media):
+    import ray
+
+    b3 = start_worker("h3_pool_b3", B1_IP, tiny_ckpt)  # a new machine's worker (on B1's node: B1 left)
+    workers["b3"] = b3
+    try:
+        result = pool_ex.generate(workflow_request("t2va", media, seed=95)[0])
+    finally:
+        ray.kill(b3, no_restart=True)
+    assert ran_on(result) == "h3_pool_b3" and "re-run" not in denoise_record(result).note
+    assert result.media.frames.shape == (124, 64, 64, 3)
