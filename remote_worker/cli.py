@@ -36,7 +36,9 @@ def _die(msg: str, code: int = 1) -> int:
 
 # ---------------------------------------------------------------------------------------------------------- args
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--name", default="h3_dit", help="name of the DiT actor (default h3_dit)")
+    p.add_argument("--name", default="h3_dit",
+                   help="name of the DiT actor (default h3_dit); each machine of a pool of DiT workers takes its own "
+                        "(h3_dit_b2, h3_dit_b3, ...): A's H3RemoteDiT default h3_dit* uses every one of them")
     p.add_argument("--namespace", default="comfy_h3", help="Ray namespace of the actor (default comfy_h3)")
     p.add_argument("--token-file", default=None,
                    help="the cluster's Ray token (default $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)")
@@ -212,7 +214,8 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
         if not args.replace:
             raise SystemExit(_die(
                 f"a DiT actor named {args.name!r} already exists in namespace {args.namespace!r}: {desc}.\n"
-                f"  fix: `python -m remote_worker stop` first, pass --replace, or choose another --name"))
+                f"  fix: `python -m remote_worker stop` first, pass --replace, or choose another --name (each machine "
+                "of a pool of DiT workers needs its own, e.g. h3_dit_b2)"))
         print(f"replacing the DiT actor {args.name!r} ({desc})", flush=True)
         ray.kill(existing, no_restart=True)
         deadline = time.monotonic() + 30
@@ -229,9 +232,13 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
     cfg["residency"], cfg["sources"] = args.residency, _sources_of(args)
     from .model_roots import ENV as ROOTS_ENV
 
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # pinned to this machine's node: with a pool, other nodes offer role B too
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = dit_actor_class().options(
         name=args.name, namespace=args.namespace, lifetime="detached", get_if_exists=True,
-        resources={cl.ROLE_B: 1}, max_restarts=cfg["max_restarts"], max_task_retries=0,
+        resources={cl.ROLE_B: 1}, max_restarts=cfg["max_restarts"], max_task_retries=0, scheduling_strategy=here,
         runtime_env=_runtime_env({ROOTS_ENV: os.pathsep.join(roots)}),
     ).remote(cfg)
     args.created_actor = actor  # a failed setup kills what it created (a detached actor would otherwise linger)
@@ -272,6 +279,8 @@ def _print_values(args, head: str, model_dir: pathlib.Path, token_note: str) -> 
     for k, v in values.items():
         print(f"  {k:<18} {v}")
     print(f"Start ComfyUI on A with token auth: {token_note}")
+    print("A pool: run setup on more machines, each with its own --name (h3_dit_b2, ...); actor_name h3_dit* on A "
+          "(the node's default) uses every worker whose name starts with h3_dit.")
     print("Check B any time with `python -m remote_worker status`; stop it with `python -m remote_worker stop`.",
           flush=True)
     return values
@@ -331,8 +340,9 @@ def cmd_setup(args) -> int:
     try:
         _connect(args.head, args.namespace, args.token_file, node_ip)
         topo = cl.validate_topology()
-        if topo.b.ip != node_ip:
-            raise cl.ClusterError(f"the cluster's B node is {topo.b.ip}, not this node {node_ip}")
+        if node_ip not in {n.ip for n in topo.b_nodes()}:
+            raise cl.ClusterError(f"the cluster's B node(s) are {', '.join(n.ip for n in topo.b_nodes())}, not this "
+                                  f"node {node_ip}")
         actor, health = _start_actor(args, model_dir, roots, node_ip)
         if not args.no_warmup:
             from . import warmup

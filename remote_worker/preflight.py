@@ -178,21 +178,27 @@ def _check_token_and_head(opts: Options, res: Result, reachable: bool) -> None:
     res.head_nodes = info["nodes"]
     if info.get("versions") and res.a_versions is None:
         res.a_versions = info["versions"]
-    alive = [n for n in info["nodes"] if n["alive"]]
+    ok, line, fix, res.reuse_node = roles_check(info["nodes"], res.node_ip)
+    res.add("cluster roles", ok, line, fix)
+
+
+def roles_check(nodes: list[dict], node_ip: str) -> tuple[bool, str, str, bool]:
+    """Role A must be there; role B may already be held by other machines: a pool of DiT workers, each machine's
+    actor pinned to its own node. Returns ``(ok, line, fix, this node already holds role B)``."""
+    alive = [n for n in nodes if n["alive"]]
     a_nodes = [n["ip"] for n in alive if "h3_role_a" in n["roles"]]
     b_nodes = [n["ip"] for n in alive if "h3_role_b" in n["roles"]]
-    others = [ip for ip in b_nodes if ip != res.node_ip]
+    others = [ip for ip in b_nodes if ip != node_ip]
     if not a_nodes:
-        res.add("cluster roles", False, f"no alive node offers role A (nodes: {', '.join(n['ip'] for n in alive)})",
-                "start A's head with `python -m comfy_h3_nodes cluster start-head`, which gives it role A")
-    elif others:
-        res.add("cluster roles", False, f"node(s) {', '.join(others)} already offer role B; the DiT actor would not "
-                "know where to go",
-                "stop the other B node (`python -m remote_worker stop` there) before joining this one")
-    else:
-        res.reuse_node = res.node_ip in b_nodes
-        res.add("cluster roles", True, f"role A on {', '.join(a_nodes)}; role B "
-                + ("already held by this node (re-using it)" if res.reuse_node else "free for this node"))
+        return (False, f"no alive node offers role A (nodes: {', '.join(n['ip'] for n in alive)})",
+                "start A's head with `python -m comfy_h3_nodes cluster start-head`, which gives it role A", False)
+    reuse = node_ip in b_nodes
+    line = f"role A on {', '.join(a_nodes)}; role B " + ("already held by this node (re-using it)" if reuse
+                                                         else "free for this node")
+    if others:
+        line += (f"; {', '.join(others)} also hold role B: this machine's DiT worker joins their pool (give it its "
+                 "own --name)")
+    return True, line, "", reuse
 
 
 def _check_versions(opts: Options, res: Result) -> None:

@@ -61,6 +61,24 @@ def test_pool_choice_partition_then_queued_steps():
     assert pl.choose([_w("b2", ["transformer"], 0), _w("b1", ["transformer"], 0)], "transformer").name == "b1"
 
 
+def test_pool_setup_joins_beside_other_b_nodes():
+    """`remote_worker setup --name NAME` on another machine: preflight lets it join the B nodes already there."""
+    from remote_worker import cli
+    from remote_worker.preflight import roles_check
+
+    a = {"ip": "10.0.0.1", "alive": True, "roles": ["h3_role_a"]}
+    b1 = {"ip": "10.0.0.2", "alive": True, "roles": ["h3_role_b"]}
+    ok, line, _, reuse = roles_check([a, b1], "10.0.0.3")
+    assert ok and not reuse and "10.0.0.2 also hold role B" in line and "--name" in line
+    assert roles_check([a, b1], "10.0.0.2")[0] and roles_check([a, b1], "10.0.0.2")[3]
+    ok, line, fix, _ = roles_check([b1], "10.0.0.3")
+    assert not ok and "no alive node offers role A" in line and "start-head" in fix
+    args = cli.parser().parse_args(["setup", "--head", "10.0.0.1:6379", "--model-path", "tiny-random",
+                                    "--name", "h3_dit_b2"])
+    assert args.name == "h3_dit_b2" and pl.matches("h3_dit*", args.name)
+    assert "--name h3_dit_b2" in " ".join(cli.setup_argv(args))
+
+
 # ---------------------------------------------------------------------------------------------------- three nodes
 def _node_id(ip: str) -> str:
     from comfy_h3_nodes.engine import cluster as cl
