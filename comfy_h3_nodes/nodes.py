@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import socket
 import time
+from concurrent.futures import Future
 
 from .engine import catalog
 from .engine import request as rq
@@ -25,6 +26,7 @@ log = logging.getLogger("comfy_h3.nodes")
 CATEGORY = "MiniMax-H3"
 DEFAULT_MODEL_PATH = "/models/MiniMax-H3"  # what the templates name: the released model's usual place
 MAX_SEED = rq.MAX_SEED
+MAX_BATCH = 64  # requests of one graph run
 TINY = catalog.TINY
 
 
@@ -43,16 +45,20 @@ class References:
 
 @dataclasses.dataclass
 class Conditioning:
-    """H3_CONDITIONING: the encoded request, held on A (this process) as numpy; never lost with the cluster."""
+    """H3_CONDITIONING: one encoded request, held on A (this process) as numpy, so it is never lost with the
+    cluster. In a batch it is a handle to an encode still in flight: ``encoded`` resolves to the payload."""
 
-    payload: object  # wire.EncodedRequest
-    record: StageRecord
+    request_id: str
+    encoded: Future  # of wire.EncodedRequest
     uses: int = 0  # denoise runs so far: the first keeps the encode's request id, so a timeline joins them
+
+    @property
+    def payload(self):
+        return self.encoded.result()
 
     def next_request_id(self) -> str:
         self.uses += 1
-        rid = self.payload.request_id
-        return rid if self.uses == 1 else f"{rid}.{self.uses}"
+        return self.request_id if self.uses == 1 else f"{self.request_id}.{self.uses}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +81,70 @@ class Latents:
 
     payload: object  # wire.DenoisedLatents
     records: list
+
+
+@dataclasses.dataclass
+class PendingLatents:
+    """H3_LATENTS of a batch: a handle to one request still in flight (encode on A, denoise on B, B->A). H3Decode
+    waits for it; every handle of the batch can cancel them all."""
+
+    index: int
+    request_id: str
+    future: Future  # of engine.batch.Denoised
+    batch: "BatchRun"
+
+
+@dataclasses.dataclass(eq=False)  # identity: the handles of one batch share it
+class BatchRun:
+    """What the handles of one batch share: the executor, every request id, the encodes, one progress counter."""
+
+    executor: object
+    request_ids: list
+    encodes: list
+    progress: object  # engine.batch.BatchProgress
+    denoise_node: object = None
+
+    def cancel(self) -> None:
+        from .engine import batch
+
+        batch.cancel(self.executor, self.request_ids, self.encodes)
+
+
+def _items(value) -> list:
+    """A node input as a list: ComfyUI hands ``INPUT_IS_LIST`` nodes lists; a direct call may pass one value."""
+    return value if isinstance(value, list) else [value]
+
+
+def _one(value):
+    """The single value of an input that a batch shares (encoders, dit, decode_on, unique_id)."""
+    values = _items(value)
+    return values[0] if values else None
+
+
+def _batch_size(**inputs) -> int:
+    """N of a batch: every list input has 1 or N items; anything else is an error naming the input."""
+    sizes = {k: len(_items(v)) for k, v in inputs.items() if v is not None}
+    n = max(sizes.values(), default=1)
+    bad = {k: m for k, m in sizes.items() if m not in (1, n)}
+    if bad or n == 0:
+        raise rq.RequestError(
+            "the inputs of one batch must each hold 1 or the same number N of items; got "
+            + ", ".join(f"{k}: {m}" for k, m in sizes.items()) + ". Give every list the same length."
+        )
+    if n > MAX_BATCH:
+        raise rq.RequestError(f"a batch of {n} requests is over the {MAX_BATCH} limit; split it into several runs.")
+    return n
+
+
+def _at(value, i: int):
+    values = _items(value)
+    return values[min(i, len(values) - 1)] if values else None
+
+
+def _done(value) -> Future:
+    fut: Future = Future()
+    fut.set_result(value)
+    return fut
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -159,6 +229,11 @@ def _audio_clip(audio) -> rq.AudioClip | None:
             raise rq.RequestError(f"AUDIO reference holds a batch of {wf.shape[0]} clips; give one.")
         wf = wf[0]
     return rq.check_audio(rq.AudioClip(wf, int(audio["sample_rate"])), "AUDIO reference")
+
+
+def _short(prompt, limit: int = 40) -> str:
+    text = str(prompt or "").strip().replace("\n", " ")
+    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
 
 
 def _canvas_errors(width: int, height: int) -> str | None:
@@ -396,13 +471,79 @@ class H3References:
                 "result": (References(pil, _audio_clip(audio)),)}
 
 
+class H3PromptList:
+    DESCRIPTION = ("Several prompts for one graph run, one per line (blank lines skipped), each with a seed: fixed "
+                   "(the same for all), increment (seed, seed+1, ...) or random (drawn from the seed). Connect prompt "
+                   "to H3TextEncode's prompt and seed to H3RemoteDenoise's seed: the H3 nodes pipeline the requests "
+                   "across A and B.")
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("STRING", "INT")
+    RETURN_NAMES = ("prompt", "seed")
+    OUTPUT_IS_LIST = (True, True)
+    FUNCTION = "make"
+    SEED_MODES = ("fixed", "increment", "random")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "prompts": ("STRING", {"multiline": True, "default": "", "tooltip": "one prompt per line"}),
+            "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": True}),
+            "seed_mode": (list(cls.SEED_MODES), {"default": "increment"}),
+        }}
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, prompts=None):
+        if prompts is not None:
+            try:
+                cls.parse(prompts)
+            except rq.RequestError as exc:
+                return str(exc)
+        return True
+
+    @staticmethod
+    def parse(text) -> list[str]:
+        if not isinstance(text, str):
+            raise rq.RequestError(f"prompts is a {type(text).__name__}; give text, one prompt per line.")
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        if not lines:
+            raise rq.RequestError("prompts is empty; write one prompt per line.")
+        if len(lines) > MAX_BATCH:
+            raise rq.RequestError(f"prompts has {len(lines)} lines, over the {MAX_BATCH} of one run; split them.")
+        for i, line in enumerate(lines):
+            try:
+                rq.check_prompt(line)
+            except rq.RequestError as exc:
+                raise rq.RequestError(f"prompt line {i + 1}: {exc}") from None
+        return lines
+
+    def make(self, prompts, seed, seed_mode):
+        import numpy as np
+
+        lines = self.parse(prompts)
+        seed = rq.check_seed(seed)
+        if seed_mode == "fixed":
+            seeds = [seed] * len(lines)
+        elif seed_mode == "increment":
+            seeds = [(seed + i) % (MAX_SEED + 1) for i in range(len(lines))]
+        elif seed_mode == "random":
+            rng = np.random.default_rng(seed)
+            seeds = [int(x) for x in rng.integers(0, 2**63 - 1, size=len(lines), dtype=np.int64)]
+        else:
+            raise rq.RequestError(f"seed_mode is {seed_mode!r}; choose one of {list(self.SEED_MODES)}.")
+        return (lines, seeds)
+
+
 class H3TextEncode:
     DESCRIPTION = ("Encodes the prompt (and keyframes or references) on A. The workflow follows from what is "
-                   "connected: nothing = t2va, keyframes = fl2va, references = ref2va. width/height 0 = automatic.")
+                   "connected: nothing = t2va, keyframes = fl2va, references = ref2va. width/height 0 = automatic. "
+                   "A list of prompts (H3PromptList or any list output) is a batch: each is checked before any is "
+                   "encoded, and they are encoded one after another while B already works on the first.")
     CATEGORY = CATEGORY
     RETURN_TYPES = ("H3_CONDITIONING",)
     RETURN_NAMES = ("conditioning",)
     FUNCTION = "encode"
+    INPUT_IS_LIST = True
+    OUTPUT_IS_LIST = (True,)
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -420,6 +561,7 @@ class H3TextEncode:
     # checked when the node runs (before anything is encoded), so no message lands on an input it is not about.
     @classmethod
     def VALIDATE_INPUTS(cls, width=None, height=None):
+        width, height = _one(width), _one(height)  # lists (INPUT_IS_LIST); a linked input arrives as None
         if isinstance(width, int) and isinstance(height, int):
             if (width == 0) != (height == 0):
                 return f"width {width} and height {height}: set both to 0 (automatic) or both to a size."
@@ -429,7 +571,39 @@ class H3TextEncode:
         return True
 
     def encode(self, encoders, prompt, width, height, num_frames, keyframes=None, references=None, unique_id=None):
-        t0, w0 = time.perf_counter(), time.time()
+        encoders, unique_id = _one(encoders), _one(unique_id)
+        n = _batch_size(prompt=prompt, width=width, height=height, num_frames=num_frames, keyframes=keyframes,
+                        references=references)
+        reqs = []
+        for i in range(n):  # every request is checked before any is encoded
+            try:
+                reqs.append(rq.validate_request(self._request(_at(prompt, i), _at(width, i), _at(height, i),
+                                                              _at(num_frames, i), _at(keyframes, i),
+                                                              _at(references, i))))
+            except rq.RequestError as exc:
+                raise (rq.RequestError(f"request {i + 1} of {n} ({_short(_at(prompt, i))}): {exc}") if n > 1
+                       else exc) from None
+
+        def reported(i, payload, seconds, started):
+            rec = StageRecord(payload.request_id, "encode", "A", _a_node(), started, time.time(), compute_s=seconds,
+                              bytes=payload.field_bytes())
+            extra = {"workflow": payload.workflow, "canvas": f"{payload.width}x{payload.height}",
+                     "num_frames": payload.num_frames, **({"batch": [i + 1, n]} if n > 1 else {})}
+            return report("H3TextEncode", unique_id, [rec], "encode", extra=extra)
+
+        if n == 1:
+            t0, w0 = time.perf_counter(), time.time()
+            payload = encoders.encode(reqs[0])
+            ui = reported(0, payload, time.perf_counter() - t0, w0)
+            return {"ui": ui, "result": ([Conditioning(payload.request_id, _done(payload))],)}
+        from .engine import batch
+
+        futures = batch.encode_all(encoders, reqs, on_done=reported)  # in order, while B starts on the first
+        _host().progress_text(f"{n} prompts: encoding one after another on A", unique_id)
+        return {"ui": {}, "result": ([Conditioning(r.request_id, f) for r, f in zip(reqs, futures)],)}
+
+    @staticmethod
+    def _request(prompt, width, height, num_frames, keyframes, references) -> rq.H3Request:
         rq.check_prompt(prompt)
         req = rq.H3Request(prompt=prompt, height=height or None, width=width or None, num_frames=num_frames,
                            steps=1, seed=0)
@@ -437,22 +611,20 @@ class H3TextEncode:
             req.first_image, req.last_image = keyframes.first, keyframes.last
         if references is not None:
             req.reference_images, req.reference_audio = list(references.images), references.audio
-        payload = encoders.encode(req)
-        rec = StageRecord(payload.request_id, "encode", "A", _a_node(), w0, time.time(),
-                          compute_s=time.perf_counter() - t0, bytes=payload.field_bytes())
-        extra = {"workflow": payload.workflow, "canvas": f"{payload.width}x{payload.height}",
-                 "num_frames": payload.num_frames}
-        return {"ui": report("H3TextEncode", unique_id, [rec], "encode", extra=extra),
-                "result": (Conditioning(payload, rec),)}
+        return req
 
 
 class H3RemoteDenoise:
     DESCRIPTION = ("Denoises on machine B: sends the conditioning A->B, follows B's steps on the progress bar, "
-                   "brings the latents B->A. ComfyUI's interrupt stops B within one step.")
+                   "brings the latents B->A. ComfyUI's interrupt stops B within one step. A batch (a list of "
+                   "conditionings) is handed on at once as requests in flight: at most max_in_flight of them between "
+                   "A and B at a time; H3Decode decodes each as it comes back while B works on the next.")
     CATEGORY = CATEGORY
     RETURN_TYPES = ("H3_LATENTS",)
     RETURN_NAMES = ("latents",)
     FUNCTION = "denoise"
+    INPUT_IS_LIST = True
+    OUTPUT_IS_LIST = (True,)
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -462,29 +634,76 @@ class H3RemoteDenoise:
             "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED, "control_after_generate": True}),
             "steps": ("INT", {"default": 50, "min": 1, "max": rq.MAX_STEPS,
                               "tooltip": "sigma points; 50 for the base model (49 forwards)"}),
+        }, "optional": {
+            "max_in_flight": ("INT", {"default": 2, "min": 1, "max": 8, "tooltip": (
+                "batches: requests between A and B at once. 2 keeps B busy (it receives the next while it denoises "
+                "one) and A encoding/decoding beside it; more only holds more payloads in memory")}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     @classmethod
     def VALIDATE_INPUTS(cls, steps=None):  # seed: ComfyUI's own range check (0..2**64-1)
         try:
-            if steps is not None:
-                rq.check_steps(steps)
+            for value in _items(steps):  # a list (INPUT_IS_LIST); a linked input arrives as None
+                if value is not None:
+                    rq.check_steps(value)
         except rq.RequestError as exc:
             return str(exc)
         return True
 
-    async def denoise(self, dit, conditioning, seed, steps, unique_id=None):
-        from .engine import wire
+    async def denoise(self, dit, conditioning, seed, steps, max_in_flight=2, unique_id=None):
+        dit, unique_id, max_in_flight = _one(dit), _one(unique_id), int(_one(max_in_flight) or 2)
+        conds = _items(conditioning)
+        n = _batch_size(conditioning=conds, seed=seed, steps=steps)
+        for i in range(n):  # every request's values are checked before any is sent
+            rq.check_steps(_at(steps, i))
+            rq.check_seed(_at(seed, i))
+        if n == 1 and conds[0].encoded.done():
+            return await self._denoise_one(dit, conds[0], _at(seed, 0), _at(steps, 0), unique_id)
+        return self._start_batch(dit, conds, [_at(seed, i) for i in range(n)], [_at(steps, i) for i in range(n)],
+                                 max_in_flight, unique_id)
+
+    def _start_batch(self, dit, conds, seeds, steps, max_in_flight, unique_id):
+        """Hand the batch to the executor and return at once: one handle per request, in prompt order."""
+        from .engine import batch
+
+        h = _host()
+        ex, adapters = dit_parts(dit)
+        n = len(conds)
+        jobs = [(c.next_request_id(), c.encoded, _payload_maker(c, sd, st, adapters))
+                for c, sd, st in zip(conds, seeds, steps)]
+        run = BatchRun(ex, [rid for rid, _, _ in jobs], [c.encoded for c in conds],
+                       batch.BatchProgress(n, max(steps) - 1), unique_id)
+        index = {rid: i for i, rid in enumerate(run.request_ids)}
+        prompt_id = h.prompt_id()
+
+        def on_step(ev):  # the executor's thread
+            run.progress.step(ev.request_id, ev.index)
+            try:
+                h.send_event("h3.progress", {"prompt_id": prompt_id, "node": str(unique_id),
+                                             "request_id": ev.request_id, "step": ev.index + 1, "total": ev.total,
+                                             "seconds": ev.seconds, "batch": [index[ev.request_id] + 1, n]})
+            except Exception as exc:  # noqa: BLE001 - a UI that went away must not stop the batch
+                log.warning("could not send h3.progress: %s", exc)
+            if h.interrupted():  # the graph may be between nodes: stop every request of the batch here too
+                run.cancel()
+
+        def on_done(d):  # the executor's thread: the request's latents are on A
+            records = _named_by_host(d.records, (ex.last_health or {}).get("B", {}).get("hostname", ""))
+            report("H3RemoteDenoise", unique_id, records, "denoise", extra=_schedule_extra(d.records, steps[d.index])
+                   | {"batch": [d.index + 1, n]})
+
+        futures = batch.denoise_all(ex, jobs, max_in_flight, on_step, on_done)
+        h.progress_text(f"{n} requests in flight to B, at most {max_in_flight} at a time", unique_id)
+        return {"ui": {}, "result": ([PendingLatents(i, rid, f, run) for i, (rid, f) in
+                                      enumerate(zip(run.request_ids, futures))],)}
+
+    async def _denoise_one(self, dit, conditioning, seed, steps, unique_id):
         from .engine.executor import H3Cancelled
 
         h = _host()
-        rq.check_steps(steps)
-        rq.check_seed(seed)
         dit, adapters = dit_parts(dit)
         rid = conditioning.next_request_id()
-        payload = dataclasses.replace(conditioning.payload, request_id=rid, seed=int(seed),
-                                      num_inference_steps=int(steps),
-                                      adapters=tuple(wire.AdapterSpec(p, w) for p, w in adapters))
+        payload = _payload_maker(conditioning, seed, steps, adapters)(conditioning.payload)
         bar = h.progress(unique_id, max(1, steps - 1), "B denoise")
         loop = asyncio.get_running_loop()
 
@@ -522,14 +741,31 @@ class H3RemoteDenoise:
         finally:
             bar.close()
         records = _named_by_host([*den.records, b_to_a], (dit.last_health or {}).get("B", {}).get("hostname", ""))
-        ran = den.records[1].info
-        forwards = len(den.records[1].steps)
-        where = f" on {ran['partition']} ({ran['dtype']}, {ran['attention_backend']})" if ran else ""
-        extra = {"steps_total": forwards, "schedule": f"{steps} sigma points{where}: {den.records[1].note}",
-                 "ran": ran, "total_s": time.perf_counter() - t0}
+        extra = _schedule_extra(records, steps) | {"total_s": time.perf_counter() - t0}
         ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra)
         h.progress_text(extra["schedule"], unique_id)
-        return {"ui": ui, "result": (Latents(latents, records),)}
+        return {"ui": ui, "result": ([Latents(latents, records)],)}
+
+
+def _payload_maker(conditioning: Conditioning, seed: int, steps: int, adapters: tuple):
+    """The A->B payload of one denoise run of ``conditioning``: its request id, seed, steps and LoRA adapters."""
+    from .engine import wire
+
+    rid = conditioning.request_id if conditioning.uses <= 1 else f"{conditioning.request_id}.{conditioning.uses}"
+
+    def make(payload):
+        return dataclasses.replace(payload, request_id=rid, seed=int(seed), num_inference_steps=int(steps),
+                                   adapters=tuple(wire.AdapterSpec(p, w) for p, w in adapters))
+
+    return make
+
+
+def _schedule_extra(records: list[StageRecord], steps: int) -> dict:
+    """What a denoise readout shows: forwards, the schedule B ran and where (partition, dtype, attention)."""
+    den = next(r for r in records if r.stage == "denoise")
+    ran = den.info
+    where = f" on {ran['partition']} ({ran['dtype']}, {ran['attention_backend']})" if ran else ""
+    return {"steps_total": len(den.steps), "schedule": f"{steps} sigma points{where}: {den.note}", "ran": ran}
 
 
 def _interrupt_exception():
@@ -554,6 +790,8 @@ class H3Decode:
     RETURN_NAMES = ("images", "audio", "fps")
     FUNCTION = "decode"
     DECODE_ON = ("auto", "A", "A+B")
+    INPUT_IS_LIST = True
+    OUTPUT_IS_LIST = (True, True, True)
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -565,6 +803,80 @@ class H3Decode:
                 "hidden": {"unique_id": "UNIQUE_ID"}}
 
     def decode(self, encoders, latents, decode_on="auto", unique_id=None):
+        encoders, decode_on, unique_id = _one(encoders), _one(decode_on) or "auto", _one(unique_id)
+        items = _items(latents)
+        if not any(isinstance(x, PendingLatents) for x in items):
+            outs = [self._decode_one(encoders, x, decode_on, unique_id) for x in items]
+            return {"ui": {"h3_timing": [t for o in outs for t in o["ui"]["h3_timing"]]},
+                    "result": tuple([o["result"][k] for o in outs] for k in range(3))}
+        return self._decode_batch(encoders, items, decode_on, unique_id)
+
+    def _decode_batch(self, encoders, items: list, decode_on: str, unique_id):
+        """Decode a batch in prompt order as each request's latents arrive (B works on the next meanwhile). The
+        progress bar counts the whole batch; an interrupt stops every request; a failed request is named, and the
+        videos already decoded are saved before the error is raised."""
+        from concurrent.futures import CancelledError
+
+        from .engine.executor import H3Cancelled, H3Error
+
+        h = _host()
+        runs = list(dict.fromkeys(x.batch for x in items if isinstance(x, PendingLatents)).keys())
+        total = sum(r.progress.total for r in runs)
+        bar = h.progress(unique_id, total, "H3 batch")
+        done, failed, uis = [], [], []
+
+        def stop_all():
+            for r in runs:
+                r.cancel()
+
+        try:
+            for item in items:
+                if isinstance(item, PendingLatents):
+                    while True:
+                        try:
+                            den = item.future.result(timeout=0.1)
+                            break
+                        except TimeoutError:
+                            pass
+                        except (H3Cancelled, CancelledError):
+                            if h.interrupted():
+                                raise _interrupt_exception() from None
+                            den = None
+                            failed.append((item, "cancelled"))
+                            break
+                        except Exception as exc:  # noqa: BLE001 - named with its request below
+                            den = None
+                            failed.append((item, str(exc)))
+                            break
+                        finally:
+                            bar.update(sum(r.progress.value for r in runs), total)
+                        if h.interrupted():
+                            stop_all()
+                            raise _interrupt_exception()
+                    if den is None:
+                        continue
+                    value = Latents(den.latents, den.records)
+                else:
+                    value = item
+                out = self._decode_one(encoders, value, decode_on, unique_id)
+                uis.extend(out["ui"]["h3_timing"])
+                done.append((item, out["result"]))
+                if isinstance(item, PendingLatents):
+                    item.batch.progress.decoded()
+                bar.update(sum(r.progress.value for r in runs), total)
+        except BaseException:
+            stop_all()
+            raise
+        finally:
+            bar.close()
+        if failed:
+            saved = _save_partial(done, h)
+            names = "; ".join(f"request {x.index + 1} of {len(items)} ({x.request_id}): {why}" for x, why in failed)
+            raise H3Error(f"{len(failed)} of {len(items)} requests failed: {names}. The {len(done)} finished videos "
+                          f"were saved: {', '.join(map(str, saved)) or 'none'}.")
+        return {"ui": {"h3_timing": uis}, "result": tuple([r[k] for _, r in done] for k in range(3))}
+
+    def _decode_one(self, encoders, latents, decode_on="auto", unique_id=None):
         import sys
 
         import torch
@@ -593,6 +905,18 @@ class H3Decode:
                     extra={"frames": int(media.frames.shape[0]), "sample_rate": media.sample_rate,
                            "compute_s": time.perf_counter() - t0, "decode_on": how})
         return {"ui": ui, "result": (images, audio, media.fps)}
+
+
+def _save_partial(done: list, h) -> list:
+    """The finished videos of a batch that failed part-way, written before the error is raised (nothing is lost)."""
+    from .video import next_path, write_mp4
+
+    paths = []
+    for _, (images, audio, fps) in done:
+        path, _ = next_path(h.output_dir(), "h3/batch_partial")
+        write_mp4(path, images, audio, int(fps), {})
+        paths.append(path)
+    return paths
 
 
 class H3SaveVideo:
@@ -636,6 +960,7 @@ NODE_CLASS_MAPPINGS = {
     "H3LoRA": H3LoRA,
     "H3Keyframes": H3Keyframes,
     "H3References": H3References,
+    "H3PromptList": H3PromptList,
     "H3TextEncode": H3TextEncode,
     "H3RemoteDenoise": H3RemoteDenoise,
     "H3Decode": H3Decode,
@@ -648,6 +973,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "H3LoRA": "H3 LoRA (B)",
     "H3Keyframes": "H3 Keyframes",
     "H3References": "H3 References",
+    "H3PromptList": "H3 Prompt List (batch)",
     "H3TextEncode": "H3 Text Encode (A)",
     "H3RemoteDenoise": "H3 Remote Denoise (B)",
     "H3Decode": "H3 Decode (A)",

@@ -174,6 +174,8 @@ def check_prompt(api: dict, mappings=None) -> list[str]:
             params = inspect.signature(cls.VALIDATE_INPUTS).parameters
             has_var_kw = any(p.kind == p.VAR_KEYWORD for p in params.values())
             kwargs = literal if has_var_kw else {k: v for k, v in literal.items() if k in params}
+            if getattr(cls, "INPUT_IS_LIST", False):  # ComfyUI hands such a node's validation lists too
+                kwargs = {k: [v] for k, v in kwargs.items()}
             verdict = cls.VALIDATE_INPUTS(**kwargs)
             if verdict is not True:
                 raise WorkflowError(f"{where}: {verdict}")
@@ -225,7 +227,7 @@ def _id_key(nid: str):
 @dataclass
 class RunResult:
     prompt_id: str
-    outputs: dict = field(default_factory=dict)      # node id -> result tuple
+    outputs: dict = field(default_factory=dict)      # node id -> one list per output slot (ComfyUI's own form)
     ui: dict = field(default_factory=dict)           # node id -> ui dict
     events: list = field(default_factory=list)       # (event, data) in order
     seconds: float = 0.0
@@ -234,9 +236,10 @@ class RunResult:
         return {d["node"]: d for e, d in self.events if e == "h3.timing"}
 
     def videos(self) -> list[pathlib.Path]:
+        """Every MP4 the run wrote, in the order they were saved (a batch saves one per prompt)."""
         paths = []
-        for payload in self.timing_payloads().values():
-            if payload["node_type"] == "H3SaveVideo":
+        for event, payload in self.events:
+            if event == "h3.timing" and payload["node_type"] == "H3SaveVideo":
                 paths.extend(pathlib.Path(s["note"]) for s in payload["stages"] if s["stage"] == "save")
         return paths
 
@@ -256,23 +259,18 @@ async def run_prompt(api: dict, ui_workflow: dict | None = None, prompt_id: str 
     for nid in order:
         node = api[nid]
         cls = mappings[node["class_type"]]
-        kwargs = {}
+        lists = {}  # every input as a list, as ComfyUI holds them
         for name, value in node.get("inputs", {}).items():
             if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
-                value = result.outputs[value[0]][value[1]]
-            kwargs[name] = value
+                lists[name] = result.outputs[value[0]][value[1]]
+            else:
+                lists[name] = [value]
         hidden = (cls.INPUT_TYPES().get("hidden") or {})
         for name, kind in hidden.items():
-            kwargs[name] = {"UNIQUE_ID": nid, "PROMPT": api,
-                            "EXTRA_PNGINFO": {"workflow": ui_workflow} if ui_workflow else None}.get(kind)
+            lists[name] = [{"UNIQUE_ID": nid, "PROMPT": api,
+                            "EXTRA_PNGINFO": {"workflow": ui_workflow} if ui_workflow else None}.get(kind)]
         h.send_event("executing", {"node": nid, "display_node": nid, "prompt_id": prompt_id})
-        out = getattr(cls(), cls.FUNCTION)(**kwargs)
-        if inspect.isawaitable(out):
-            out = await out
-        if isinstance(out, dict):
-            result.ui[nid] = out.get("ui") or {}
-            out = out.get("result", ())
-        result.outputs[nid] = tuple(out or ())
+        result.outputs[nid], result.ui[nid] = await _call_over_lists(cls, lists)
         if result.ui.get(nid):
             h.send_event("executed", {"node": nid, "display_node": nid, "output": result.ui[nid],
                                       "prompt_id": prompt_id})
@@ -280,6 +278,34 @@ async def run_prompt(api: dict, ui_workflow: dict | None = None, prompt_id: str 
     result.seconds = time.perf_counter() - t_run
     result.events = list(getattr(h, "events", [])[start_events:])
     return result
+
+
+async def _call_over_lists(cls, lists: dict) -> tuple[tuple, dict]:
+    """Call a node the way ComfyUI does with list values: once with the lists when it declares ``INPUT_IS_LIST``,
+    else once per item (the longest list sets the count; shorter lists repeat their last item). Returns one list per
+    output slot (``OUTPUT_IS_LIST`` slots concatenated) and the ``ui`` dicts merged key by key."""
+    if getattr(cls, "INPUT_IS_LIST", False):
+        calls = [lists]
+    else:
+        n = max((len(v) for v in lists.values()), default=1)
+        calls = [{k: v[min(i, len(v) - 1)] for k, v in lists.items()} for i in range(n)]
+    is_list = getattr(cls, "OUTPUT_IS_LIST", None) or (False,) * len(cls.RETURN_TYPES)
+    slots: list[list] = [[] for _ in cls.RETURN_TYPES]
+    uis: list[dict] = []
+    for kwargs in calls:
+        out = getattr(cls(), cls.FUNCTION)(**kwargs)
+        if inspect.isawaitable(out):
+            out = await out
+        if isinstance(out, dict):
+            uis.append(out.get("ui") or {})
+            out = out.get("result", ())
+        for i, value in enumerate(tuple(out or ())):
+            if is_list[i]:
+                slots[i].extend(value)
+            else:
+                slots[i].append(value)
+    ui = {k: [x for u in uis for x in u.get(k, [])] for k in dict.fromkeys(k for u in uis for k in u)}
+    return tuple(slots), ui
 
 
 def timing_table(result: RunResult) -> str:

@@ -90,16 +90,26 @@ def build(name: str, nodes: list[tuple]) -> dict:
             "groups": [], "config": {}, "extra": {"ds": saved_view(node_objs)}, "version": 0.4}
 
 
-def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0), steps: int = 50) -> list[tuple]:
+def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0), steps: int = 50,
+           denoise_conns: dict | None = None) -> list[tuple]:
     return [
         (1, "H3LoadEncoders", (0, 0), [DEFAULT_MODEL_PATH, "bfloat16", "sdpa"], {}),
         (2, "H3RemoteDiT", (0, 300),
          ["local", "h3_dit", "comfy_h3", DEFAULT_MODEL_PATH, partition, "bfloat16", "sdpa", "auto"], {}),
         (3, "H3TextEncode", (400, 0), [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),
-        (5, "H3RemoteDenoise", (800, 0), [42, "fixed", steps], {"dit": dit, "conditioning": (3, 0)}),
+        (5, "H3RemoteDenoise", (800, 0), [42, "fixed", steps, 2],
+         {"dit": dit, "conditioning": (3, 0), **(denoise_conns or {})}),
         (6, "H3Decode", (1200, 0), ["auto"], {"encoders": (1, 0), "latents": (5, 0)}),
         (7, "H3SaveVideo", (1600, 0), [24, "h3/video"], {"images": (6, 0), "audio": (6, 1), "fps": (6, 2)}),
     ]
+
+
+BATCH_PROMPTS = (
+    "A red fox trots across a snowy meadow at dawn, breath steaming; soft wind and crunching snow.",
+    "A lighthouse on a rocky cape at dusk, waves crashing below; gulls cry over the surf.",
+    "A street musician plays a saxophone under a rainy neon sign; rain patters on the pavement.",
+    "A hummingbird hovers at a red flower in a sunlit garden; its wings hum, bees buzz nearby.",
+)
 
 
 def write_media() -> None:
@@ -136,6 +146,9 @@ def main() -> None:
             (8, "LoadImage", (-400, 500), ["h3_first.png", "image"], {}),
             (9, "LoadImage", (-400, 800), ["h3_last.png", "image"], {}),
             (4, "H3Keyframes", (0, 600), [], {"first_image": (8, 0), "last_image": (9, 0)}),
+        ],
+        "h3_t2va_batch": common("transformer", 832, 480, {"prompt": (12, 0)}, denoise_conns={"seed": (12, 1)}) + [
+            (12, "H3PromptList", (0, 600), ["\n".join(BATCH_PROMPTS), 42, "fixed", "increment"], {}),
         ],
         "h3_ref2va": common("transformer_ref", 832, 480, {"references": (4, 0)}) + [
             (8, "LoadImage", (-400, 500), ["h3_reference.png", "image"], {}),

@@ -21,6 +21,7 @@ from conftest import PROMPT
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "example_workflows").glob("h3_*.json"))
+SINGLE = [p for p in EXAMPLES if p.stem != "h3_t2va_batch"]  # the batch example has tests of its own (test_batch)
 TINY_SETTINGS = ["3.width=64", "3.height=64", "3.num_frames=124", "5.steps=3", "1.dtype=\"float32\"",
                  "2.dtype=\"float32\"", "2.actor_name=\"h3_dit_test\""]
 
@@ -40,7 +41,8 @@ def test_pack_imports_without_comfyui_ray_or_diffusers():
     assert "'H3RemoteDenoise'" in out.stdout and "./web" in out.stdout
     assert out.stdout.strip().endswith("[]"), f"heavy modules imported at pack import: {out.stdout}"
     assert set(NODE_CLASS_MAPPINGS) == {"H3LoadEncoders", "H3RemoteDiT", "H3LoRA", "H3Keyframes", "H3References",
-                                        "H3TextEncode", "H3RemoteDenoise", "H3Decode", "H3SaveVideo"}
+                                        "H3PromptList", "H3TextEncode", "H3RemoteDenoise", "H3Decode",
+                                        "H3SaveVideo"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -85,7 +87,7 @@ def local_host(ray_cluster):
 def runs(local_host, tiny_ckpt, tmp_path_factory):
     """Each example workflow, once, through the runner (shared by the assertions below)."""
     out = {}
-    for path in EXAMPLES:
+    for path in SINGLE:
         sets = list(TINY_SETTINGS)
         if path.stem == "h3_ref2va":
             sets.append('10.audio="h3_voice_160hz.wav"')  # the tiny audio VAE's rate (no torchaudio in CI)
@@ -102,7 +104,7 @@ def runs(local_host, tiny_ckpt, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", [p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("name", [p.stem for p in SINGLE])
 def test_example_workflow_writes_mp4(runs, name):
     res, _ = runs[name]
     (video,) = res.videos()
@@ -116,7 +118,7 @@ def test_example_workflow_writes_mp4(runs, name):
         assert "H3TextEncode" in c.metadata["prompt"]
 
 
-@pytest.mark.parametrize("name", [p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("name", [p.stem for p in SINGLE])
 def test_every_h3_node_reports_timing(runs, name):
     res, events = runs[name]
     h3_nodes = {nid for nid, n in runner.ui_to_api(json.loads((ROOT / "example_workflows" / f"{name}.json")
@@ -149,7 +151,7 @@ def test_node_frames_equal_engine_frames(local_host, executor, tiny_ckpt, media)
                                   "transformer", "float32", "sdpa", unique_id="2")["result"][0]
     cond = N.H3TextEncode().encode(encoders, PROMPT, 64, 64, 124, unique_id="3")["result"][0]
     lat = asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 7, 3, unique_id="5"))["result"][0]
-    images, audio, fps = N.H3Decode().decode(encoders, lat, unique_id="6")["result"]
+    (images,), (audio,), (fps,) = N.H3Decode().decode(encoders, lat, unique_id="6")["result"]  # lists: OUTPUT_IS_LIST
     ref = executor.generate(H3Request(prompt=PROMPT, height=64, width=64, num_frames=124, steps=3, seed=7))
     assert np.array_equal(images.numpy(), ref.media.frames)
     assert np.array_equal(audio["waveform"][0].numpy(), ref.media.audio) and fps == 24
@@ -180,7 +182,7 @@ def test_interrupt_during_denoise_stops_b_and_next_run_works(local_host, executo
     rid = [d for e, d in local_host.events if e == "h3.progress"][-1]["request_id"]
     prog = ray.get(dit.b.progress.remote(rid), timeout=10)
     assert prog["state"] == "cancelled" and len(prog["steps"]) - prog["cancel_at_step"] <= 1
-    ok = asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 2, 3))["result"][0]
+    (ok,) = asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 2, 3))["result"][0]
     assert ok.payload.latents.shape == (1, 24, 37, 4, 4)
 
 
@@ -303,6 +305,6 @@ def test_remote_dit_node_recovers_when_its_b_actor_is_gone(local_host, tiny_ckpt
     assert ray.get(second.b.health.remote(), timeout=30)["pid"] != pid
     encoders = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa")["result"][0]
     cond = N.H3TextEncode().encode(encoders, PROMPT, 64, 64, 124)["result"][0]
-    lat = asyncio.run(N.H3RemoteDenoise().denoise(second, cond, 3, 3))["result"][0]
+    (lat,) = asyncio.run(N.H3RemoteDenoise().denoise(second, cond, 3, 3))["result"][0]
     assert lat.payload.latents.shape == (1, 24, 37, 4, 4)
     ray.kill(second.b, no_restart=True)

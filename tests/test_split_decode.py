@@ -179,7 +179,7 @@ def test_split_decode_node_path_bit_exact(local_split, a_side, tiny_ckpt, media)
 
     den, latents = _denoised(local_split, a_side, media, seed=7)
     out = N.H3Decode().decode(a_side, N.Latents(latents, den.records), decode_on="A+B", unique_id="6")
-    images, audio, fps = out["result"]
+    (images,), (audio,), (fps,) = out["result"]  # H3Decode returns lists (OUTPUT_IS_LIST: batches)
     expected = single_process_reference(tiny_ckpt, "t2va", media)
     assert np.array_equal(images.numpy(), expected["videos"][0])
     assert np.array_equal(audio["waveform"][0].numpy(), expected["audio"][0].numpy())
@@ -189,7 +189,7 @@ def test_split_decode_node_path_bit_exact(local_split, a_side, tiny_ckpt, media)
     # the latents were handed over: a second decode of them is A's alone, and says why
     again = N.H3Decode().decode(a_side, N.Latents(latents, den.records), decode_on="A+B")
     assert [s["machine"] for s in again["ui"]["h3_timing"][0]["stages"]] == ["A"]
-    assert np.array_equal(again["result"][0].numpy(), expected["videos"][0])
+    assert np.array_equal(again["result"][0][0].numpy(), expected["videos"][0])
 
 
 def test_split_decode_cancel_stops_both_sides(local_split, a_side, media):

@@ -55,6 +55,8 @@ class ASide:
         self._accepts: dict[tuple[str, str], set[str]] = {}
         self._torch = torch
         self._decode_lock = threading.Lock()  # one decode at a time: a split decode overrides a method of the VAE
+        #: benchmark only (``bench batch``): seconds ``encode``/``decode`` sleep on top of their real work
+        self.synthetic_stages: dict = {}
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _pipe(self, workflow: str, part: str):
@@ -124,6 +126,7 @@ class ASide:
             references=tuple(wire.ReferenceMeta(r.kind, bool(r.has_audio)) for r in refs),
             adapters=tuple(wire.AdapterSpec(p, w) for p, w in req.adapters),
         )
+        self._synthetic("encode")
         return payload.validate()
 
     # ------------------------------------------------------------------------------------------------ decode
@@ -140,7 +143,13 @@ class ASide:
     def decode(self, latents: wire.DenoisedLatents, validated: bool = False) -> DecodedMedia:
         t0 = time.perf_counter()
         out = self.decode_raw(latents, "np", validated)
+        self._synthetic("decode")
         return self._media(latents, out, t0)
+
+    def _synthetic(self, stage: str) -> None:
+        seconds = float(self.synthetic_stages.get(stage, 0.0))
+        if seconds > 0:
+            time.sleep(seconds)
 
     def _media(self, latents: wire.DenoisedLatents, out: dict, t0: float) -> DecodedMedia:
         frames = np.asarray(out["videos"][0], dtype=np.float32)

@@ -890,6 +890,17 @@ class H3Executor:
         """Run one stage coroutine (``encode``/``denoise``/``decode``) on the executor loop from any thread."""
         return self._loop.submit(coro)
 
+    async def adenoise(self, enc: Encoded, on_step=None) -> Denoised:
+        """B's denoise of an encoded request, awaited on the executor's loop (batches compose stages with it)."""
+        return await self._denoise(enc, on_step)
+
+    def cancelled_ids(self) -> frozenset:
+        return frozenset(self._cancelled)
+
+    def clear_cancel(self, request_id: str) -> None:
+        """Forget a cancel flag once its request has ended (a batch's requests end outside ``_generate``)."""
+        self._cancelled.discard(request_id)
+
     def submit_denoise(self, enc: Encoded, on_step=None) -> Future:
         """Start B's denoise of an already encoded request; a Future of :class:`Denoised`."""
         return self.run_stage(self._denoise(enc, on_step))

@@ -44,8 +44,19 @@ def encoders(model_path: str, dtype: str = "bfloat16", attention_backend: str = 
     with _lock:
         if key in _encoders:
             return _encoders[key], False
-        _encoders[key] = ASide(model_path, dtype=dtype, attention_backend=attention_backend, device=device)
-        return _encoders[key], True
+        side = ASide(model_path, dtype=dtype, attention_backend=attention_backend, device=device)
+        side.synthetic_stages = synthetic_stages("encode", "decode")
+        _encoders[key] = side
+        return side, True
+
+
+def synthetic_stages(*stages: str) -> dict:
+    """Benchmark only (``bench batch``): extra seconds per stage from ``H3_SYNTHETIC_STAGES`` (JSON), else none."""
+    import json
+    import os
+
+    raw = os.environ.get("H3_SYNTHETIC_STAGES", "")
+    return {k: float(v) for k, v in (json.loads(raw) if raw else {}).items() if k in stages}
 
 
 def ensure_cluster(address: str = "local", token_file: str | None = None) -> ClusterState:
@@ -128,7 +139,8 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
                 return ex
         ex = H3Executor(SideConfig(""), BConfig(str(model_path), partition=partition, dtype=dtype,
                                                 attention_backend=attention_backend, precision=precision,
-                                                name=name, namespace=namespace, threads=threads),
+                                                name=name, namespace=namespace, threads=threads,
+                                                synthetic_stages=synthetic_stages("denoise")),
                         a_mode="local", timeouts=timeouts, actors=actors)
         ex.start()
         ex._cluster_started = CLUSTER.started
