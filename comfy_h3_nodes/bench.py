@@ -823,6 +823,8 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--ckpt", default=None)
     m = common(sub.add_parser("memory", help="memory plan vs what B holds, tiny and at real size"))
     m.add_argument("--ckpt", default=None, help="tiny checkpoint folder (built with its format fixtures if missing)")
+    bt = common(sub.add_parser("batch", help="N prompts in one graph run vs N graph runs (headless runner)"))
+    bt.add_argument("--requests", type=int, default=None, help="prompts (default 8; quick 3)")
     a = common(sub.add_parser("all", help="every bench, one cluster"))
     a.add_argument("--repeats", type=int, default=None)
     a.add_argument("--requests", type=int, default=None)
@@ -877,6 +879,16 @@ def main(argv: list[str]) -> int:
             result["warm"] = run_warm(args.ckpt and tiny_checkpoint(args.ckpt), log)
         if verb == "memory":
             result["memory"] = run_memory(args.ckpt, log)
+    if verb == "batch":  # the runner starts and joins its own embedded cluster, as `run` does
+        from . import bench_batch, runner
+
+        try:
+            result["batch"] = bench_batch.run_batch(args.requests or (3 if quick else 8), log=log)
+        finally:
+            runner._shutdown_embedded()
+        if args.json:
+            print(json.dumps(result["batch"]), flush=True)  # exactly the keys
+        return 0
     if args.json and verb == "memory":
         print(json.dumps(result["memory"]), flush=True)  # exactly {"plans": {...}}, in the key order
         return 0
