@@ -187,3 +187,16 @@ def test_batch_example_through_the_runner(local_host, tiny_ckpt, tmp_path):
     assert [d["summary"]["batch"] for d in encodes] == [[i, 4] for i in range(1, 5)]
     seeds = [d["stages"][0] for e, d in res.events if e == "h3.timing" and d["node_type"] == "H3RemoteDenoise"]
     assert len(seeds) == 4
+
+
+def test_bench_batch_quick_json(local_host, capsys):
+    """``bench batch --quick --json``: the last line carries exactly the issue's keys, and the batch beat one graph
+    run per prompt (three prompts of B-bound work)."""
+    from comfy_h3_nodes import bench
+
+    assert bench.main(["batch", "--quick", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(out) == ["requests", "makespan_s", "ideal_s", "sequential_s", "ratio_vs_ideal",
+                         "speedup_vs_sequential"]
+    assert out["requests"] == 3 and out["makespan_s"] < out["sequential_s"]
+    assert out["ratio_vs_ideal"] == pytest.approx(out["makespan_s"] / out["ideal_s"], abs=2e-3)
