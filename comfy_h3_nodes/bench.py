@@ -12,6 +12,9 @@ Verbs (each starts the embedded two-node Ray cluster, or reuses the one this pro
 * ``warm``: first versus second request through the executor; the second must load nothing.
 * ``memory``: the memory plan of B's transformer residency against what B's actor really holds, for the tiny model in
   three plans (``bf16-one``, ``fp8-both``, ``gguf-q8_0-both``), and the plan's arithmetic at the released model's size.
+* ``decode``: one request's video decode by A alone versus split with B (``decode_on`` ``A`` vs ``A+B``, shares
+  from the measured clip times) at 124 and 345 frames, each actor pinned to one CPU thread, with a larger random video
+  VAE (the real diffusers class, random weights, built here) so the decode is compute-bound like the released one.
 * ``all``: every bench above in one cluster.
 
 ``--json`` makes the LAST line of output one JSON object; ``--quick`` shrinks counts for the smoke test.
@@ -792,6 +795,135 @@ def run_memory(ckpt=None, log=print) -> dict:
     return {"plans": plans}
 
 
+# ==================================================================================================== decode
+#: the bench's video VAE: the tiny checkpoint's encoder, a ViT decoder wide and deep enough that one clip takes about a
+#: second on one CPU thread at DECODE_CANVAS (the released decoder is 36 layers x 2048; the tiny one 1 x 16)
+DECODE_VAE = {"decoder_num_layers": 4, "decoder_num_attention_heads": 16, "decoder_attention_head_dim": 64,
+              "decoder_ffn_mult": 4}
+DECODE_VAE_QUICK = {"decoder_num_layers": 1, "decoder_num_attention_heads": 4, "decoder_attention_head_dim": 32,
+                    "decoder_ffn_mult": 2}
+DECODE_CANVAS = (128, 128)
+
+
+def decode_checkpoint(quick: bool = False) -> pathlib.Path:
+    """The tiny checkpoint with its ``vae/`` replaced by a larger random ``AutoencoderKLMiniMaxH3`` (same encoder and
+    latent statistics, the decoder of ``DECODE_VAE``); every other component is the tiny one's, copied. Built once."""
+    import shutil
+
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    tiny = tiny_checkpoint()
+    spec = DECODE_VAE_QUICK if quick else DECODE_VAE
+    tag = "-".join(f"{v}" for v in spec.values())
+    target = tiny.parent / f"bench-decode-h3-{tag}"
+    if (target / ".complete").is_file():
+        return target
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=tiny.parent))
+    for item in tiny.iterdir():  # copies: B refuses component folders that resolve outside the model folder
+        if item.name not in ("vae", ".complete"):
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+    config = {k: v for k, v in json.loads((tiny / "vae" / "config.json").read_text()).items()
+              if not k.startswith("_")}
+    config.update(spec)
+    import torch
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLMiniMaxH3(**config).eval()
+    vae.save_pretrained(str(tmp / "vae"))
+    (tmp / ".complete").write_text("ok\n")
+    try:
+        tmp.rename(target)
+    except OSError:  # another process won the race
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def run_decode(frames: tuple[int, ...] = (124, 345), repeats: int = 2, quick: bool = False, log=print) -> dict:
+    """Per frame count: one request encoded and denoised once, then its decode timed ``repeats`` times by A alone and
+    split (A+B), alternating, after one unmeasured round of each (it measures both sides' clip times)."""
+    import numpy as np
+
+    from .engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from .engine.request import H3Request
+
+    ckpt = decode_checkpoint(quick)
+    spec = DECODE_VAE_QUICK if quick else DECODE_VAE
+    height, width = (64, 64) if quick else DECODE_CANVAS
+    log(f"decode: a larger random video VAE for this bench (diffusers' AutoencoderKLMiniMaxH3, random weights, ViT "
+        f"decoder {spec['decoder_num_layers']} layers x {spec['decoder_num_attention_heads'] * spec['decoder_attention_head_dim']}"
+        f" wide; the tiny model's decoder is 1 x 16), so the decode is compute-bound like the released one; "
+        f"canvas {width}x{height}, each actor on one CPU thread, fp32")
+    tag = f"decode_{os.getpid()}"
+    ex = H3Executor(SideConfig(str(ckpt), dtype="float32", threads=1),
+                    BConfig(str(ckpt), dtype="float32", threads=1, name=f"h3_dit_bench_{tag}"),
+                    timeouts=Timeouts(start=600, health=30, encode=300, handoff=300, stall=300, decode=600,
+                                      poll=0.05), a_name=f"h3_enc_bench_{tag}")
+    out: dict = {"frames": {}}
+    detail: dict = {}
+    try:
+        ex.start()
+        for n in frames:
+            req = H3Request(prompt="bench decode: a robot dances while a piano plays", height=height, width=width,
+                            num_frames=n, steps=2, seed=4242, request_id=f"bench-decode-{n}-{os.getpid()}")
+            den = ex.denoise(ex.encode(req))
+            times = {"A": [], "A+B": []}
+            last = {}
+            for rnd in range(repeats + 1):
+                for mode in ("A", "A+B"):
+                    t0 = time.perf_counter()
+                    media, recs = ex.decode(den, decode_on=mode)
+                    wall = time.perf_counter() - t0
+                    if rnd:
+                        times[mode].append(wall)
+                    last[mode] = (media, recs)
+            a_only, split = round(_median(times["A"]), 4), round(_median(times["A+B"]), 4)
+            out["frames"][str(n)] = {"a_only_s": a_only, "split_s": split, "ratio": round(split / a_only, 3)}
+            recs = last["A+B"][1]
+            a_rec = next(r for r in recs if r.stage == "decode" and r.machine == "A")
+            b_rec = next((r for r in recs if r.stage == "decode" and r.machine == "B"), None)
+            got = a_rec.bytes.get("b_frames", 0)
+            hand = a_rec.fetch_s + a_rec.materialize_s
+            detail[str(n)] = {
+                "clips": a_rec.info.get("clips"), "b_clips": a_rec.info.get("b_clips"),
+                "a_clip_s": round(ex.clip_clock.clip_s("A", height, width) or 0, 4),
+                "b_clip_s": round(ex.clip_clock.clip_s("B", height, width) or 0, 4),
+                "b_frames_bytes": got, "b_frames_fetch_s": round(a_rec.fetch_s, 4),
+                "b_frames_materialize_s": round(a_rec.materialize_s, 5),
+                "b_frames_wait_s": round(a_rec.producer_wait_s, 4),
+                "b_frames_mb_per_s": round(got / hand / 1e6, 1) if hand > 0 and got else None,
+                "b_compute_s": round(b_rec.compute_s, 3) if b_rec else None,
+                "identical": bool(np.array_equal(last["A"][0].frames, last["A+B"][0].frames)
+                                  and np.array_equal(last["A"][0].audio, last["A+B"][0].audio)),
+                "note": a_rec.note, "load_average": round(os.getloadavg()[0], 2),
+                "a_alone_clip_s": round(_median(times["A"]) / (a_rec.info.get("clips") or 1), 4),
+            }
+            del den
+        lines = [f"  {'frames':>6} {'clips':>5} {'B clips':>8} {'A only s':>9} {'split s':>8} {'ratio':>6} {'goal':>5}"
+                 f" {'A s/clip':>8} {'B s/clip':>8} {'B->A frames':>12} {'fetch s':>8} {'MB/s':>7} identical"]
+        for n, row in out["frames"].items():
+            d = detail[n]
+            goal = DECODE_GOALS.get(n)
+            lines.append(f"  {n:>6} {d['clips']:5d} {str(d['b_clips']):>8} {row['a_only_s']:9.3f} {row['split_s']:8.3f}"
+                         f" {row['ratio']:6.3f} {goal if goal else '-':>5} {d['a_clip_s']:8.3f} {d['b_clip_s']:8.3f}"
+                         f" {d['b_frames_bytes'] / 2**20:9.1f} MiB {d['b_frames_fetch_s']:8.4f}"
+                         f" {d['b_frames_mb_per_s'] or 0:7.0f} {d['identical']}")
+        met = all(row["ratio"] <= DECODE_GOALS.get(n, 1.0) for n, row in out["frames"].items())
+        lines.append(f"  goal (ratio <= {', '.join(f'{g} at {n}' for n, g in DECODE_GOALS.items())}): "
+                     f"{'met' if met else 'NOT met'}; A-only decode >= 5 s at 124 frames: "
+                     f"{'yes' if out['frames'].get('124', {}).get('a_only_s', 0) >= 5 else 'no'}")
+        for n, d in detail.items():
+            lines.append(f"  {n}: {d['note']}; A alone {d['a_alone_clip_s']:.3f} s/clip (whole decode / clips), "
+                         f"load average {d['load_average']} on {os.cpu_count()} CPUs")
+        log("decode, A alone vs split with B (medians of %d):\n" % repeats + "\n".join(lines))
+        out["_detail"] = detail
+        return out
+    finally:
+        ex.shutdown(kill_b=True)
+
+
+DECODE_GOALS = {"124": 0.6, "345": 0.55}
+
+
 # ==================================================================================================== CLI
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m comfy_h3_nodes bench", description=__doc__.split("\n\n")[0])
@@ -823,8 +955,14 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--ckpt", default=None)
     m = common(sub.add_parser("memory", help="memory plan vs what B holds, tiny and at real size"))
     m.add_argument("--ckpt", default=None, help="tiny checkpoint folder (built with its format fixtures if missing)")
+    d = common(sub.add_parser("decode", help="video decode by A alone vs split with B, at 124 and 345 frames"))
+    d.add_argument("--repeats", type=int, default=None, help="measured rounds (default 2; quick 1)")
+    d.add_argument("--frames", default="124,345", help="comma-separated frame counts (17n+5)")
     bt = common(sub.add_parser("batch", help="N prompts in one graph run vs N graph runs (headless runner)"))
     bt.add_argument("--requests", type=int, default=None, help="prompts (default 8; quick 3)")
+    po = common(sub.add_parser("pool", help="B-bound requests through a pool of 1, then 2 DiT workers (bench_pool)"))
+    po.add_argument("--requests", type=int, default=None, help="requests per run (default 8; quick 3)")
+    po.add_argument("--ckpt", default=None)
     a = common(sub.add_parser("all", help="every bench, one cluster"))
     a.add_argument("--repeats", type=int, default=None)
     a.add_argument("--requests", type=int, default=None)
@@ -852,7 +990,14 @@ def main(argv: list[str]) -> int:
     log = (lambda s: print(s, flush=True))
     result: dict = {}
     verb = args.verb
-    needs_cluster = verb in ("handoff", "pipeline", "warm", "memory", "all")
+    if verb == "pool":  # its own three-node cluster: comfy_h3_nodes/bench_pool.py
+        from .bench_pool import main_json, run_pool
+
+        res = run_pool(args.requests or (3 if quick else 8), ckpt=args.ckpt and tiny_checkpoint(args.ckpt), log=log)
+        if args.json:
+            print(main_json(res), flush=True)
+        return 0
+    needs_cluster = verb in ("handoff", "pipeline", "warm", "memory", "decode", "all")
     with (cluster(args.object_store_mb) if needs_cluster else contextlib.nullcontext()):
         if verb in ("handoff", "all"):
             repeats = args.repeats or (2 if quick else 10)
@@ -879,6 +1024,9 @@ def main(argv: list[str]) -> int:
             result["warm"] = run_warm(args.ckpt and tiny_checkpoint(args.ckpt), log)
         if verb == "memory":
             result["memory"] = run_memory(args.ckpt, log)
+        if verb == "decode":
+            result["decode"] = run_decode(tuple(int(x) for x in args.frames.split(",")),
+                                          args.repeats or (1 if quick else 2), quick, log)
     if verb == "batch":  # the runner starts and joins its own embedded cluster, as `run` does
         from . import bench_batch, runner
 
@@ -888,6 +1036,11 @@ def main(argv: list[str]) -> int:
             runner._shutdown_embedded()
         if args.json:
             print(json.dumps(result["batch"]), flush=True)  # exactly the issue's keys
+        return 0
+    if verb == "decode":
+        result["decode"].pop("_detail", None)
+        if args.json:
+            print(json.dumps(result["decode"]), flush=True)  # exactly {"frames": {"124": {...}, "345": {...}}}
         return 0
     if args.json and verb == "memory":
         print(json.dumps(result["memory"]), flush=True)  # exactly {"plans": {...}}, in the issue's key order

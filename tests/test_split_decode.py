@@ -91,26 +91,61 @@ def test_split_decode_two_node_bit_exact(executor, tiny_ckpt, media, workflow):
         assert [r.stage for r in records] == ["b_to_a", "decode", "decode"]
 
 
+class _FixedClock(sd.ClipClock):
+    """Clip times the test sets: the tiny model's clips take milliseconds, less than fetching their frames, so the
+    measured clock rightly gives B no clip; the policy is tested on the times of a real decode instead."""
+
+    def add(self, *a, **k):
+        pass
+
+    def add_fetch(self, *a, **k):
+        pass
+
+
 def test_split_decode_auto_policy(executor, media):
     """auto: A alone until A's clip time is measured, then split while B is free; with B's queue busy, A alone."""
     old = executor.min_split_s, executor.clip_clock
-    executor.min_split_s, executor.clip_clock = 0.0, sd.ClipClock()
+    executor.min_split_s, executor.clip_clock = 1.0, _FixedClock()
     try:
         first = executor.generate(workflow_request("t2va", media, seed=31)[0])
         dec = [r for r in first.records if r.stage == "decode"]
         assert [r.machine for r in dec] == ["A"] and "not measured yet" in dec[0].note
+        per_mpx = 0.25 / (64 * 64 / 1e6)  # 0.25 s per clip at 64x64: 1.75 s for A alone, worth splitting
+        executor.clip_clock.per_mpx.update({"A alone": per_mpx, "A": per_mpx, "B": per_mpx})
         second = executor.generate(workflow_request("t2va", media, seed=32)[0])
-        assert sorted(r.machine for r in second.records if r.stage == "decode") == ["A", "B"]
+        dec = [r for r in second.records if r.stage == "decode"]
+        assert sorted(r.machine for r in dec) == ["A", "B"]
+        assert next(r for r in dec if r.machine == "A").info["b_clips"] == [4, 7]  # equal sides: A 4, B 3
         assert np.array_equal(second.media.frames, executor.decode(
             executor.denoise(executor.encode(workflow_request("t2va", media, seed=32)[0])), decode_on="A")[0].frames)
-        assert executor.clip_clock.clip_s("B", 64, 64) is not None
-        # two requests in flight: the first decodes while the second waits for B -> A alone
+        # two requests in flight: the first decodes while the second waits for B -> A alone; the second splits
         results = executor.run_many([workflow_request("t2va", media, seed=s)[0] for s in (33, 34)])
         first_dec = [r for r in results[0].records if r.stage == "decode"]
         assert [r.machine for r in first_dec] == ["A"] and "waiting" in first_dec[0].note
-        assert "B" in {r.machine for r in results[1].records if r.stage == "decode"}
+        last = [r for r in results[1].records if r.stage == "decode"]
+        assert "B" in {r.machine for r in last}, [r.note for r in last]
+        # a slower B gets fewer clips; a decode too short to pay for B stays on A
+        executor.clip_clock.per_mpx["B"] = 2 * per_mpx
+        assert executor.plan_decode(64, 64, 124).b_start == 5
+        executor.clip_clock.per_mpx["A alone"] = 0.1 * per_mpx
+        assert executor.plan_decode(64, 64, 124).mode == "A"
     finally:
         executor.min_split_s, executor.clip_clock = old
+
+
+def test_split_decode_measured_clock_learns_both_sides(executor, media):
+    """Every decode feeds the clock: A alone from A-only decodes, A and B (and the frames' fetch) from splits."""
+    old = executor.clip_clock
+    executor.clip_clock = sd.ClipClock()
+    try:
+        den = executor.denoise(executor.encode(workflow_request("t2va", media, seed=35)[0]))
+        executor.decode(den, decode_on="A")
+        assert set(executor.clip_clock.per_mpx) == {"A alone"}
+        executor.decode(den, decode_on="A+B", b_clips=3)
+        assert set(executor.clip_clock.per_mpx) == {"A alone", "A", "B"}
+        assert executor.clip_clock.fetch_per_mpx > 0
+    finally:
+        executor.clip_clock = old
 
 
 def test_split_decode_plan_without_b_decoder(executor):
@@ -231,3 +266,20 @@ def test_split_decode_b_killed_during_share_a_decodes_its_clips(local_split, a_s
     note = records[0].note
     assert "B's share was lost" in note and "A decoded B's clips 4-6 itself" in note, note
     assert records[0].info["a_decoded"] == list(range(7))
+
+
+def test_split_decode_bench_quick_json(ray_cluster, capsys):
+    """``bench decode --quick --json``: the last line is exactly {"frames": {"124": {...}, "345": {...}}}."""
+    import json
+
+    from comfy_h3_nodes import bench
+
+    assert bench.main(["decode", "--quick", "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    out = json.loads(lines[-1])
+    assert list(out) == ["frames"] and list(out["frames"]) == ["124", "345"]
+    for row in out["frames"].values():
+        assert list(row) == ["a_only_s", "split_s", "ratio"]
+        assert row["ratio"] == pytest.approx(row["split_s"] / row["a_only_s"], abs=6e-4)
+    text = "\n".join(lines[:-1])
+    assert "larger random video VAE" in text and "identical" in text and " True" in text

@@ -694,15 +694,16 @@ class H3Executor:
         if b.get("dtype") != a["dtype"] or b.get("fingerprint") != a["fingerprint"]:
             return alone(f"B's video VAE ({b.get('dtype')}, weights {b.get('fingerprint')}) is not A's "
                          f"({a['dtype']}, weights {a['fingerprint']}): the frames would differ")
-        a_s = self.clip_clock.clip_s("A", height, width)
+        alone_s = self.clip_clock.clip_s("A alone", height, width) or self.clip_clock.clip_s("A", height, width)
         if choice == "auto":
             if self._b_queue():
                 return alone(f"B has {self._b_queue()} more request(s) waiting: A decodes alone")
-            if a_s is None:
+            if alone_s is None:
                 return alone("A's seconds per clip are not measured yet (this decode measures them)")
-            if n * a_s < self.min_split_s:
-                return alone(f"A alone takes about {n * a_s:.2f} s, under the {self.min_split_s:g} s worth splitting")
-        a_s = a_s or 1.0
+            if n * alone_s < self.min_split_s:
+                return alone(f"A alone takes about {n * alone_s:.2f} s, under the {self.min_split_s:g} s worth "
+                             "splitting")
+        a_s = self.clip_clock.clip_s("A", height, width) or 1.0
         b_s = self.clip_clock.clip_s("B", height, width) or a_s  # unmeasured: as fast as A (two equal machines)
         fetch = self.clip_clock.fetch_clip_s(height, width)
         k = sd.choose_b_clips(n, a_s, b_s, 0.0, fetch) if b_clips is None else max(0, min(int(b_clips), n))
@@ -711,7 +712,7 @@ class H3Executor:
                          f"fetch {fetch:.3f} s per clip)")
         why = (f"B decodes clips {n - k}-{n - 1} of {n}" + (" (forced)" if b_clips is not None else
                f": A {a_s:.3f} s, B {b_s:.3f} s, fetch {fetch:.3f} s per clip, predicted "
-               f"{sd.predicted_s(n, k, a_s, b_s, 0.0, fetch):.2f} s vs {n * a_s:.2f} s on A alone"))
+               f"{sd.predicted_s(n, k, a_s, b_s, 0.0, fetch):.2f} s vs {n * (alone_s or a_s):.2f} s on A alone"))
         return DecodePlan("A+B", n, n - k, why, choice)
 
     def _learn(self, records: list[StageRecord], height: int, width: int, clips: int) -> None:
@@ -729,7 +730,7 @@ class H3Executor:
                 if got:
                     self.clip_clock.add_fetch(got, r.fetch_s + r.materialize_s, height, width)
             else:
-                self.clip_clock.add("A", clips, r.compute_s, height, width)
+                self.clip_clock.add("A alone", clips, r.compute_s, height, width)
 
     def _start_b_share(self, latents_ref, rid: str, plan: DecodePlan) -> list:
         """B's share of a split decode, queued on B's compute queue; its refs (clips, then B's record)."""
@@ -737,8 +738,13 @@ class H3Executor:
             [latents_ref], rid, plan.b_start, plan.clips, self.timeouts.handoff)
         refs = list(refs)
         self._shares[rid] = refs
-        for r in refs:  # a share A never read (cancel, A failed) must not be logged as an unhandled error
-            r.future().add_done_callback(lambda f: f.cancelled() or f.exception())
+
+        def failed(f):  # a failed share A never read (cancel, A failed) must not be logged as an unhandled error
+            if not f.cancelled() and f.exception() is not None:
+                for r in refs[:-1]:  # the clips carry the same (small) error; never fetch frames here
+                    r.future().add_done_callback(lambda g: g.cancelled() or g.exception())
+
+        refs[-1].future().add_done_callback(failed)
         return refs
 
     def _alone_record(self, rec: StageRecord, plan: DecodePlan) -> StageRecord:

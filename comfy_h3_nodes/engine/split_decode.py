@@ -228,7 +228,9 @@ def predicted_s(n: int, k: int, a_clip_s: float, b_clip_s: float, b_lead_s: floa
 
 class ClipClock:
     """Each side's measured seconds per clip, per megapixel of canvas (a clip's cost grows with its tiles), as an
-    exponential moving average; and the seconds per clip B's frames took to reach A."""
+    exponential moving average; and the seconds per clip B's frames took to reach A. A's clips are timed apart when
+    A decodes alone (``A alone``: what a split must beat) and inside a split (``A``: what the shares balance; on a
+    machine where both sides share CPUs or memory bandwidth, slower than alone)."""
 
     def __init__(self, alpha: float = 0.5):
         self.alpha = alpha
@@ -248,7 +250,10 @@ class ClipClock:
             self.fetch_per_mpx = self._ema(self.fetch_per_mpx, seconds / clips / (height * width / 1e6))
 
     def clip_s(self, side: str, height: int, width: int) -> float | None:
+        """``side`` is ``A`` (A's clips in split decodes, falling back to ``A alone``), ``A alone`` or ``B``."""
         v = self.per_mpx.get(side)
+        if v is None and side == "A":
+            v = self.per_mpx.get("A alone")
         return None if v is None else v * height * width / 1e6
 
     def fetch_clip_s(self, height: int, width: int) -> float:
