@@ -963,6 +963,9 @@ def _parser() -> argparse.ArgumentParser:
     po = common(sub.add_parser("pool", help="B-bound requests through a pool of 1, then 2 DiT workers (bench_pool)"))
     po.add_argument("--requests", type=int, default=None, help="requests per run (default 8; quick 3)")
     po.add_argument("--ckpt", default=None)
+    po = common(sub.add_parser("pool", help="B-bound requests through a pool of 1, then 2 DiT workers (bench_pool)"))
+    po.add_argument("--requests", type=int, default=None, help="requests per run (default 8; quick 3)")
+    po.add_argument("--ckpt", default=None)
     a = common(sub.add_parser("all", help="every bench, one cluster"))
     a.add_argument("--repeats", type=int, default=None)
     a.add_argument("--requests", type=int, default=None)
@@ -990,6 +993,13 @@ def main(argv: list[str]) -> int:
     log = (lambda s: print(s, flush=True))
     result: dict = {}
     verb = args.verb
+    if verb == "pool":  # its own three-node cluster: comfy_h3_nodes/bench_pool.py
+        from .bench_pool import main_json, run_pool
+
+        res = run_pool(args.requests or (3 if quick else 8), ckpt=args.ckpt and tiny_checkpoint(args.ckpt), log=log)
+        if args.json:
+            print(main_json(res), flush=True)
+        return 0
     if verb == "pool":  # its own three-node cluster: comfy_h3_nodes/bench_pool.py
         from .bench_pool import main_json, run_pool
 

@@ -351,3 +351,15 @@ def test_pool_worker_that_joins_later_is_used(pool_ex, tiny_ckpt, workers, media
         ray.kill(b3, no_restart=True)
     assert ran_on(result) == "h3_pool_b3" and "re-run" not in denoise_record(result).note
     assert result.media.frames.shape == (124, 64, 64, 3)
+
+
+def test_pool_bench_two_workers_beat_one(b2_node, tiny_ckpt):
+    """``bench pool`` on the session's three nodes, shortened: its JSON line and a clear gain from the second worker."""
+    from comfy_h3_nodes.bench_pool import main_json, run_pool
+
+    res = run_pool(4, {"encode": 0.02, "denoise": 0.5, "decode": 0.02}, max_in_flight=4, ckpt=tiny_ckpt,
+                   log=lambda s: None)
+    line = json.loads(main_json(res))
+    assert set(line) == {"workers", "speedup"} and set(line["workers"]) == {"1", "2"}
+    assert line["workers"]["2"]["makespan_s"] < line["workers"]["1"]["makespan_s"]
+    assert line["speedup"] > 1.3, line

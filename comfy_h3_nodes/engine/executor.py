@@ -247,6 +247,7 @@ class H3Executor:
         self.pool: pl.DiTPool | None = None  # the DiT workers b_config.name matches (one name, a list, a prefix*)
         self._worker_of: OrderedDict[str, pl.Worker] = OrderedDict()  # request -> the worker that denoises it
         self._reconciled: set[tuple] = set()  # (name, pid) of workers whose settings match this caller's
+        self._pick_lock: asyncio.Lock | None = None  # one pick at a time (made on the executor loop)
         _EXECUTORS.add(self)
 
     # ------------------------------------------------------------------------------------------------ start
@@ -541,6 +542,12 @@ class H3Executor:
         """The worker for this request, its settings reconciled and the request announced on its queue. The first
         pick waits (up to the start bound) for workers that exist but do not answer yet (restarting, loading); a
         re-run takes only workers that answer now, so a pool with none left is reported within seconds."""
+        if self._pick_lock is None:
+            self._pick_lock = asyncio.Lock()
+        async with self._pick_lock:  # this client's next pick sees the request it just announced
+            return await self._pick_locked(enc, rid, lost)
+
+    async def _pick_locked(self, enc: Encoded, rid: str, lost: list) -> "pl.Worker":
         exclude = tuple(x[0].name for x in lost)
         bound = min(self.timeouts.health, 5.0)
         patience = 0.0 if lost else self.timeouts.start
