@@ -116,7 +116,10 @@ def status(actor) -> dict:
 def b2_node(ray_cluster):
     node = ray_cluster.add_b_node(B2_IP, num_cpus=2)
     yield node
-    ray_cluster.remove_node(node)
+    try:
+        ray_cluster.remove_node(node)
+    except Exception:  # noqa: BLE001 - a test removed it already (the worker that leaves)
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +283,18 @@ def test_pool_two_drivers_share_the_workers(pool_ex, workers, ray_cluster, tiny_
     assert {e["request_id"] for e in served} >= {f"drv2-{i}" for i in range(3)}
 
 
+def test_pool_bench_two_workers_beat_one(b2_node, tiny_ckpt):
+    """``bench pool`` on the session's three nodes, shortened: its JSON line and a clear gain from the second worker."""
+    from comfy_h3_nodes.bench_pool import main_json, run_pool
+
+    res = run_pool(4, {"encode": 0.02, "denoise": 0.5, "decode": 0.02}, max_in_flight=4, ckpt=tiny_ckpt,
+                   log=lambda s: None)
+    line = json.loads(main_json(res))
+    assert set(line) == {"workers", "speedup"} and set(line["workers"]) == {"1", "2"}
+    assert line["workers"]["2"]["makespan_s"] < line["workers"]["1"]["makespan_s"]
+    assert line["speedup"] > 1.3, line
+
+
 def test_pool_worker_killed_mid_denoise_reruns_bit_identical(pool_ex, workers, tiny_ckpt, a_side, media):
     import ray
 
@@ -307,8 +322,14 @@ def test_pool_worker_killed_mid_denoise_reruns_bit_identical(pool_ex, workers, t
         result = pool_ex.generate(req, on_step=on_step)
     finally:
         ray.get(b2.dequeue.remote("other-b2"), timeout=10)
+    t_done = time.monotonic()
     assert killed, "B1 was never killed: the request did not start there"
     rec = denoise_record(result)
+    a_to_b = next(r for r in result.records if r.stage == "a_to_b")
+    rerun_start = a_to_b.start - time.time() + t_done  # B2's receive began (this machine's monotonic clock)
+    print(f"\nre-run cost: kill -> B2 starts receiving {rerun_start - killed[0]:.3f} s; A->B again "
+          f"{a_to_b.end - a_to_b.start:.3f} s; denoise again {rec.end - rec.start:.3f} s; kill -> result "
+          f"{t_done - killed[0]:.3f} s")
     assert ran_on(result) == "h3_pool_b2" and "re-run on worker h3_pool_b2" in rec.note
     assert "h3_pool_b1" in rec.info["rerun"] and "lost" in rec.info["rerun"]
     assert np.array_equal(result.media.frames, expected.media.frames)
@@ -316,28 +337,27 @@ def test_pool_worker_killed_mid_denoise_reruns_bit_identical(pool_ex, workers, t
     assert time.monotonic() - t0 < 120
 
 
-def test_pool_no_worker_left_says_so_within_10s(pool_ex, workers, media):
-    import ray
+def test_pool_no_worker_left_says_so_within_10s(pool_ex, workers, b2_node, ray_cluster, media):
+    """The last worker leaves mid-request (its machine's Ray node goes): one clear error within 10 s."""
+    import threading
 
     from comfy_h3_nodes.engine.executor import H3Error
 
-    b2 = workers["b2"]
     assert [w.name for w in pool_ex.pool.refresh()] == ["h3_pool_b2"]  # B1 was killed above
-    pid = ray.get(b2.health.remote(), timeout=20)["pid"]
-    killed = []
+    gone = []
 
     def on_step(ev):
-        if ev.index == 1 and not killed:
-            killed.append(time.monotonic())
-            os.kill(pid, signal.SIGKILL)
+        if ev.index == 1 and not gone:
+            gone.append(time.monotonic())
+            threading.Thread(target=ray_cluster.remove_node, args=(b2_node,), daemon=True).start()
 
     req = workflow_request("t2va", media, seed=91, steps=12)[0]
     with pytest.raises(H3Error) as info:
         pool_ex.generate(req, on_step=on_step)
-    assert killed and time.monotonic() - killed[0] < 10
+    assert gone and time.monotonic() - gone[0] < 10
     msg = str(info.value)
-    assert req.request_id in msg and "h3_pool_b2" in msg and "not re-run" in msg
-    assert msg.count(". ") <= 2, msg
+    assert req.request_id in msg and "h3_pool_b2" in msg and "not re-run" in msg and B2_IP in msg, msg
+    assert "left the Ray cluster" in msg
 
 
 def test_pool_worker_that_joins_later_is_used(pool_ex, tiny_ckpt, workers, media):
@@ -352,14 +372,3 @@ def test_pool_worker_that_joins_later_is_used(pool_ex, tiny_ckpt, workers, media
     assert ran_on(result) == "h3_pool_b3" and "re-run" not in denoise_record(result).note
     assert result.media.frames.shape == (124, 64, 64, 3)
 
-
-def test_pool_bench_two_workers_beat_one(b2_node, tiny_ckpt):
-    """``bench pool`` on the session's three nodes, shortened: its JSON line and a clear gain from the second worker."""
-    from comfy_h3_nodes.bench_pool import main_json, run_pool
-
-    res = run_pool(4, {"encode": 0.02, "denoise": 0.5, "decode": 0.02}, max_in_flight=4, ckpt=tiny_ckpt,
-                   log=lambda s: None)
-    line = json.loads(main_json(res))
-    assert set(line) == {"workers", "speedup"} and set(line["workers"]) == {"1", "2"}
-    assert line["workers"]["2"]["makespan_s"] < line["workers"]["1"]["makespan_s"]
-    assert line["speedup"] > 1.3, line
