@@ -365,6 +365,9 @@ class H3RemoteDiT:
         health = ex.last_health  # session.dit has just checked it (on start, or on reuse)
         b = health["B"]
         note = f"A {ex.topology.a.ip} · B {b['node_ip']} ({b['device']}; {_b_config_text(b)})"
+        workers = health.get("workers") or []
+        if len(workers) > 1:  # a pool: every worker this node's actor_name matches
+            note += f" · pool of {len(workers)}: " + ", ".join(f"{w['name']} {w['node']}" for w in workers)
         if ex.last_reconfigure:
             note += f" · B reconfigured: {ex.last_reconfigure}"
         if (b.get("memory_plan") or {}).get("summary"):
@@ -376,6 +379,7 @@ class H3RemoteDiT:
                            "partition": b["partition"], "resident": b.get("resident"),
                            "b_models": session.b_model_choices(),
                            "reconfigured": ex.last_reconfigure or None, "precision": b.get("precision"),
+                           "workers": [{"name": w["name"], "node": w["node"]} for w in workers],
                            "memory_plan": (b.get("memory_plan") or {}).get("summary"),
                            "clock_b_minus_a_s": health["clock"]["b_minus_a_s"]})
         _host().progress_text(note, unique_id)

@@ -179,6 +179,25 @@ def test_pool_finds_every_matching_worker(pool_ex, workers):
     assert set(pool_ex.topology.to_dict()["B_nodes"][i]["ip"] for i in range(2)) == {B1_IP, B2_IP}
 
 
+def test_pool_node_connects_to_every_worker(pool_ex, workers, ray_cluster, tiny_ckpt):
+    """H3RemoteDiT with a prefix spec: one connection that shows every worker it matched."""
+    from comfy_h3_nodes import nodes
+    from comfy_h3_nodes.engine import session
+    from comfy_h3_nodes.host import LocalHost, set_host
+
+    session.adopt_cluster(ray_cluster.address)
+    set_host(LocalHost())
+    try:
+        out = nodes.H3RemoteDiT().connect("local", SPEC, NS, str(tiny_ckpt), "transformer", "float32", "sdpa")
+        text = json.dumps(out["ui"])
+        assert "pool of 2: h3_pool_b1 127.0.0.3, h3_pool_b2 127.0.0.4" in text
+        assert {w["name"] for w in session.status(timeout=10)["workers"]} == {"h3_pool_b1", "h3_pool_b2"}
+        with pytest.raises(Exception, match="only a trailing"):
+            nodes.H3RemoteDiT().connect("local", "h3_*pool", NS, str(tiny_ckpt), "transformer", "float32", "sdpa")
+    finally:
+        session.forget(SPEC)
+
+
 def test_pool_routes_by_load_counted_in_steps(pool_ex, workers, media):
     import ray
 
