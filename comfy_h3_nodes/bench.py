@@ -862,19 +862,29 @@ def run_decode(frames: tuple[int, ...] = (124, 345), repeats: int = 2, quick: bo
     detail: dict = {}
     try:
         ex.start()
+        import psutil
+
+        health = ex.check_health()
+        procs = {side: psutil.Process(health[side]["pid"]) for side in ("A", "B")}  # both on this machine
+
+        def cpu() -> dict:
+            return {side: sum(p.cpu_times()[:2]) for side, p in procs.items()}
+
         for n in frames:
             req = H3Request(prompt="bench decode: a robot dances while a piano plays", height=height, width=width,
                             num_frames=n, steps=2, seed=4242, request_id=f"bench-decode-{n}-{os.getpid()}")
             den = ex.denoise(ex.encode(req))
             times = {"A": [], "A+B": []}
+            cpu_s = {"A": [], "A+B": []}  # CPU seconds of the actors' processes: the wall time with a free core each
             last = {}
             for rnd in range(repeats + 1):
                 for mode in ("A", "A+B"):
-                    t0 = time.perf_counter()
+                    c0, t0 = cpu(), time.perf_counter()
                     media, recs = ex.decode(den, decode_on=mode)
-                    wall = time.perf_counter() - t0
+                    wall, c1 = time.perf_counter() - t0, cpu()
                     if rnd:
                         times[mode].append(wall)
+                        cpu_s[mode].append(max(c1[k] - c0[k] for k in c0))
                     last[mode] = (media, recs)
             a_only, split = round(_median(times["A"]), 4), round(_median(times["A+B"]), 4)
             out["frames"][str(n)] = {"a_only_s": a_only, "split_s": split, "ratio": round(split / a_only, 3)}
@@ -895,6 +905,8 @@ def run_decode(frames: tuple[int, ...] = (124, 345), repeats: int = 2, quick: bo
                 "identical": bool(np.array_equal(last["A"][0].frames, last["A+B"][0].frames)
                                   and np.array_equal(last["A"][0].audio, last["A+B"][0].audio)),
                 "note": a_rec.note, "load_average": round(os.getloadavg()[0], 2),
+                "cpu_a_only_s": round(_median(cpu_s["A"]), 3), "cpu_split_max_side_s": round(_median(cpu_s["A+B"]), 3),
+                "cpu_ratio": round(_median(cpu_s["A+B"]) / _median(cpu_s["A"]), 3),
                 "a_alone_clip_s": round(_median(times["A"]) / (a_rec.info.get("clips") or 1), 4),
             }
             del den
@@ -913,7 +925,9 @@ def run_decode(frames: tuple[int, ...] = (124, 345), repeats: int = 2, quick: bo
                      f"{'yes' if out['frames'].get('124', {}).get('a_only_s', 0) >= 5 else 'no'}")
         for n, d in detail.items():
             lines.append(f"  {n}: {d['note']}; A alone {d['a_alone_clip_s']:.3f} s/clip (whole decode / clips), "
-                         f"load average {d['load_average']} on {os.cpu_count()} CPUs")
+                         f"load average {d['load_average']} on {os.cpu_count()} CPUs; CPU seconds of the busier "
+                         f"actor: A alone {d['cpu_a_only_s']:.2f} s, split {d['cpu_split_max_side_s']:.2f} s "
+                         f"(ratio {d['cpu_ratio']:.3f}: the split's ratio with a free core per side)")
         log("decode, A alone vs split with B (medians of %d):\n" % repeats + "\n".join(lines))
         out["_detail"] = detail
         return out
@@ -963,9 +977,6 @@ def _parser() -> argparse.ArgumentParser:
     po = common(sub.add_parser("pool", help="B-bound requests through a pool of 1, then 2 DiT workers (bench_pool)"))
     po.add_argument("--requests", type=int, default=None, help="requests per run (default 8; quick 3)")
     po.add_argument("--ckpt", default=None)
-    po = common(sub.add_parser("pool", help="B-bound requests through a pool of 1, then 2 DiT workers (bench_pool)"))
-    po.add_argument("--requests", type=int, default=None, help="requests per run (default 8; quick 3)")
-    po.add_argument("--ckpt", default=None)
     a = common(sub.add_parser("all", help="every bench, one cluster"))
     a.add_argument("--repeats", type=int, default=None)
     a.add_argument("--requests", type=int, default=None)
@@ -993,13 +1004,6 @@ def main(argv: list[str]) -> int:
     log = (lambda s: print(s, flush=True))
     result: dict = {}
     verb = args.verb
-    if verb == "pool":  # its own three-node cluster: comfy_h3_nodes/bench_pool.py
-        from .bench_pool import main_json, run_pool
-
-        res = run_pool(args.requests or (3 if quick else 8), ckpt=args.ckpt and tiny_checkpoint(args.ckpt), log=log)
-        if args.json:
-            print(main_json(res), flush=True)
-        return 0
     if verb == "pool":  # its own three-node cluster: comfy_h3_nodes/bench_pool.py
         from .bench_pool import main_json, run_pool
 
