@@ -1,4 +1,5 @@
-"""The pack inside a real ComfyUI: loading, routes, a t2va prompt over HTTP + websocket, validation, interrupt.
+"""The pack inside a real ComfyUI: loading, routes, a t2va prompt over HTTP + websocket, validation, interrupt,
+every shipped template to an MP4 with the ``tiny-random`` model pickers, and the H3 panel in a real browser.
 
 ComfyUI is not on PyPI, so this needs a checkout of its public source: set ``COMFYUI_DIR`` to it (and
 ``COMFYUI_PYTHON`` to the interpreter of its environment, which needs ComfyUI's requirements plus this pack's).
@@ -8,6 +9,16 @@ its output, input, temp and user folders and its database under pytest's tmp fol
 repository, and only this pack is loaded. ``H3RemoteDiT`` with ``cluster_address`` ``local`` starts the embedded
 two-node Ray cluster inside the ComfyUI process; ComfyUI and everything it started are killed at the end.
 
+The templates in example_workflows/ run as shipped (canvas, frames, steps) except for the pickers: ``tiny-random`` on
+``H3LoadEncoders`` and ``H3RemoteDiT`` (and ``H3LoRA``), ``cluster_address`` ``local``; their inputs are copied into
+the test's ComfyUI input folder and the tiny model is built on first use into the test's own ``H3_CACHE``. The issue's
+goal is each template to an MP4 in <= 120 s on a 2-core CPU machine: every template's wall time is printed, and
+asserted only with ``H3_TEMPLATE_MAX_S=<seconds per video>`` (on a shared machine the time depends on the other work). A
+``diffusers`` model folder holding a link to a tiny checkpoint is given to ComfyUI, so both pickers list a found
+model besides ``tiny-random``. The browser tests (Debian's ``chromium`` + PyPI's ``playwright``; missing either fails
+unless ``H3_SKIP_BROWSER=1``) open ComfyUI's own page, load a template, set the pickers and queue it like a user,
+once with the classic canvas and once with Vue nodes, and check the H3 panel's row for that run.
+
 ``H3_COMFYUI_TRACE_OUT=<file>`` also writes the websocket messages of the successful run there (that is how
 ``tests/web/fixtures/comfyui_ws_h3_trace.jsonl`` was recorded).
 """
@@ -15,9 +26,11 @@ two-node Ray cluster inside the ComfyUI process; ComfyUI and everything it start
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import struct
@@ -39,6 +52,22 @@ HTTP_TIMEOUT = 60.0
 TERMINAL = ("execution_success", "execution_error", "execution_interrupted")
 H3_NODES = {"1": "H3LoadEncoders", "2": "H3RemoteDiT", "3": "H3TextEncode", "5": "H3RemoteDenoise",
             "6": "H3Decode", "7": "H3SaveVideo"}
+EXAMPLES = REPO / "example_workflows"
+TEMPLATES = sorted(p.stem for p in EXAMPLES.glob("*.json"))
+TINY = "tiny-random"
+#: what a user changes in a template to try the pack without weights (everything else stays as shipped)
+PICKERS = {"H3LoadEncoders": {"model_path": TINY}, "H3RemoteDiT": {"model_path": TINY, "cluster_address": "local"},
+           "H3LoRA": {"lora_path": TINY}}
+TEMPLATE_GOAL_S = 120.0  # the issue's goal per template on this 2-core machine
+TEMPLATE_MAX_S = float(os.environ["H3_TEMPLATE_MAX_S"]) if os.environ.get("H3_TEMPLATE_MAX_S") else None
+FOUND_MODEL = "tiny-h3-found"  # the checkpoint linked into the test's diffusers model folder
+WALL_S: dict[str, float] = {}  # template -> seconds from POST /prompt to execution_success
+TAB_BUTTON = ".comfy-h3-timeline-tab-button"
+VUE_SETTING = "Comfy.VueNodes.Enabled"
+CHROMIUM = os.environ.get("H3_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+BROWSER_TEMPLATE = "h3_t2va_turbo"  # 4 steps: the browser runs cost little besides the decode
 
 
 # ------------------------------------------------------------------------------------------------ processes
@@ -82,8 +111,9 @@ def _free_port() -> int:
 
 class ComfyUI:
     def __init__(self, proc: subprocess.Popen, base: str, log: pathlib.Path, output: pathlib.Path,
-                 packs: pathlib.Path):
+                 packs: pathlib.Path, found_model: pathlib.Path | None = None):
         self.proc, self.base, self.log, self.output, self.packs = proc, base, log, output, packs
+        self.found_model = found_model  # a model folder ComfyUI's `diffusers` models path holds (absolute)
 
     def log_tail(self, n: int = 80) -> str:
         try:
@@ -113,7 +143,7 @@ class ComfyUI:
 
 
 @pytest.fixture(scope="module")
-def comfyui(tmp_path_factory):
+def comfyui(tmp_path_factory, tiny_ckpt):
     comfy_dir = pathlib.Path(os.environ["COMFYUI_DIR"]).resolve()
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
     assert (comfy_dir / "main.py").is_file(), f"COMFYUI_DIR={comfy_dir} holds no main.py"
@@ -124,8 +154,14 @@ def comfyui(tmp_path_factory):
     dirs = {name: root / name for name in ("output", "input", "temp", "user")}
     for d in dirs.values():
         d.mkdir()
+    for f in sorted((EXAMPLES / "inputs").iterdir()):  # what the fl2va / ref2va templates load
+        if f.is_file():
+            shutil.copy2(f, dirs["input"] / f.name)
+    diffusers = root / "models" / "diffusers"
+    diffusers.mkdir(parents=True)
+    (diffusers / FOUND_MODEL).symlink_to(tiny_ckpt, target_is_directory=True)
     yaml = root / "extra_model_paths.yaml"
-    yaml.write_text(f"comfy_h3_test:\n  custom_nodes: {packs}\n")
+    yaml.write_text(f"comfy_h3_test:\n  custom_nodes: {packs}\n  diffusers: {diffusers}\n")
     port = _free_port()
     cmd = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--disable-auto-launch",
            "--extra-model-paths-config", str(yaml), "--disable-all-custom-nodes", "--whitelist-custom-nodes", PACK,
@@ -133,12 +169,14 @@ def comfyui(tmp_path_factory):
            "--temp-directory", str(dirs["temp"]), "--user-directory", str(dirs["user"]),
            "--database-url", f"sqlite:///{root / 'comfyui.db'}"]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS", "VIRTUAL_ENV")}
-    env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0")
+    env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0",
+               H3_CACHE=str(root / "h3_cache"))  # tiny-random is built on first use, as on a new machine
     log = root / "comfyui.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=comfy_dir, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    server = ComfyUI(proc, f"http://127.0.0.1:{port}", log, dirs["output"], packs)
+    server = ComfyUI(proc, f"http://127.0.0.1:{port}", log, dirs["output"], packs,
+                     found_model=(diffusers / FOUND_MODEL).absolute())
     try:
         _wait_ready(server)
         yield server
@@ -257,6 +295,18 @@ async def _post_prompt(server: ComfyUI, api: dict):
             return r.status, await r.json()
 
 
+def _http_json(server: ComfyUI, method: str, path: str, body=None):
+    """A plain blocking request (the browser tests run inside Playwright's event loop: no asyncio.run there)."""
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"{server.base}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json"} if data is not None else {})
+    with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
+        text = r.read().decode()
+    return json.loads(text) if text.strip() else None
+
+
 def _of(messages, kind, pid=None):
     return [m["data"] for m in messages if m["type"] == kind and (pid is None or m["data"].get("prompt_id") == pid)]
 
@@ -278,6 +328,10 @@ def test_pack_loads_with_nodes_web_files_and_routes(comfyui):
         assert info[name]["category"] == "MiniMax-H3"
         assert info[name]["python_module"] == f"custom_nodes.{PACK}"
     assert info["H3SaveVideo"]["output_node"] is True
+    # the model pickers: what A's `diffusers` model folders hold, then tiny-random; B's list before any connection
+    a_choices = info["H3LoadEncoders"]["input"]["required"]["model_path"][0]
+    assert str(comfyui.found_model) in a_choices and a_choices[-1] == TINY, a_choices
+    assert TINY in info["H3RemoteDiT"]["input"]["required"]["model_path"][0]
 
     status, _, body = asyncio.run(_get(comfyui, "/extensions"))
     assert status == 200
@@ -292,12 +346,195 @@ def test_pack_loads_with_nodes_web_files_and_routes(comfyui):
         status, ctype, body = asyncio.run(_get(comfyui, path))
         assert status == 200 and "json" in ctype, (path, status, body[:300])
         st = json.loads(body)
-        assert {"connected", "cluster", "nodes", "actors", "error", "time"} <= set(st)
+        assert {"connected", "cluster", "nodes", "actors", "error", "time", "models"} <= set(st)
+        # before the first H3RemoteDiT run /h3/status knows no A model roots yet (they are set when it connects):
+        # only tiny-random is certain here; the template runs check the full lists
+        assert TINY in st["models"]["A"] and TINY in st["models"]["B"], st["models"]
     status, ctype, body = asyncio.run(_get(comfyui, "/api/h3/timings"))
     assert status == 200 and "json" in ctype
     assert isinstance(json.loads(body)["records"], list)
 
 
+# ------------------------------------------------------------------------------------------------ templates
+def _template(name: str) -> tuple[dict, dict]:
+    """A shipped template as ``(api prompt, UI workflow)``, exactly as in example_workflows/."""
+    from comfy_h3_nodes.runner import load_workflow
+
+    api, ui = load_workflow(EXAMPLES / f"{name}.json")
+    assert ui is not None, f"{name} is not a UI-format workflow"
+    return api, ui
+
+
+def _with_tiny(api: dict, ui: dict) -> tuple[dict, dict]:
+    """The template with the pickers a newcomer changes (``PICKERS``), in the prompt and in the saved workflow."""
+    from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
+    from comfy_h3_nodes.runner import widget_names
+
+    api, ui = copy.deepcopy(api), copy.deepcopy(ui)
+    for node in api.values():
+        node["inputs"].update(PICKERS.get(node["class_type"], {}))
+    for node in ui["nodes"]:
+        if node["type"] in PICKERS:
+            names = widget_names(NODE_CLASS_MAPPINGS[node["type"]])
+            for name, value in PICKERS[node["type"]].items():
+                node["widgets_values"][names.index(name)] = value
+    return api, ui
+
+
+def _ids(api: dict, class_type: str) -> list[str]:
+    return [nid for nid, n in api.items() if n["class_type"] == class_type]
+
+
+def _mp4_facts(path: pathlib.Path) -> dict:
+    import av
+
+    with av.open(str(path)) as c:
+        v, a = c.streams.video[0], c.streams.audio[0]
+        facts = {"codecs": {s.type: s.codec_context.name for s in c.streams}, "width": v.codec_context.width,
+                 "height": v.codec_context.height, "meta": dict(c.metadata)}
+        facts["frames"] = sum(1 for _ in c.decode(v))
+        c.seek(0)
+        facts["audio_samples"] = sum(f.samples for f in c.decode(a))
+    return facts
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_template_as_shipped_is_refused_once_with_the_tiny_random_hint(comfyui, name):
+    """Queued as shipped (the real model's path, absent here), POST /prompt refuses it before anything runs, with
+    one sentence on H3LoadEncoders' model_path that tells to choose 'tiny-random', and nothing else."""
+    api, _ = _template(name)
+    (enc,) = _ids(api, "H3LoadEncoders")
+    status, answer = asyncio.run(_post_prompt(comfyui, api))
+    assert status == 400, answer
+    errs = answer["node_errors"]
+    assert set(errs) == {enc}, f"errors on other nodes too: {json.dumps(errs)[:1500]}"
+    assert errs[enc]["class_type"] == "H3LoadEncoders"
+    (err,) = errs[enc]["errors"]  # once: not repeated for dtype or attention_backend
+    assert err["type"] == "custom_validation_failed" and err["extra_info"]["input_name"] == "model_path", err
+    assert api[enc]["inputs"]["model_path"] in err["details"] and f"choose '{TINY}'" in err["details"], err
+    assert json.dumps(answer).count(f"choose '{TINY}'") == 1, answer
+
+
+def _requests_of(api: dict) -> int:
+    """How many requests (videos) one run of the template makes: the lines of an H3PromptList, else one."""
+    from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
+
+    lists = _ids(api, "H3PromptList")
+    if not lists:
+        return 1
+    (lid,) = lists
+    return len(NODE_CLASS_MAPPINGS["H3PromptList"].parse(api[lid]["inputs"]["prompts"]))
+
+
+#: H3 nodes that do no timed work of their own and send no h3.timing
+UNTIMED = {"H3PromptList"}
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_template_runs_to_mp4_with_tiny_random(comfyui, name, tmp_path, capsys):
+    """Each template, with only the model pickers changed, runs in the real ComfyUI to H.264 + AAC MP4s of the
+    template's canvas and frame count (one per prompt of an H3PromptList), with h3.timing events from every H3 node
+    (one per request from the per-request nodes), B's model list on H3RemoteDiT, per-step progress of every request
+    on H3RemoteDenoise, and each request's stages in /h3/timings. The first template is a newcomer's first run: its
+    time includes starting the embedded Ray cluster and building tiny-random on A and on B."""
+    shipped, _ = _template(name)
+    api, ui = _with_tiny(*_template(name))
+    (enc_id,), (dit_id,), (text_id,) = _ids(api, "H3LoadEncoders"), _ids(api, "H3RemoteDiT"), _ids(api, "H3TextEncode")
+    (den_id,), (dec_id,), (save_id,) = _ids(api, "H3RemoteDenoise"), _ids(api, "H3Decode"), _ids(api, "H3SaveVideo")
+    width, height, frames = (shipped[text_id]["inputs"][k] for k in ("width", "height", "num_frames"))
+    steps = shipped[den_id]["inputs"]["steps"]
+    assert (width, height, frames) == (832, 480, 124), "the template's canvas changed: update this test's goal"
+    n_req = _requests_of(api)
+
+    t0 = time.monotonic()
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
+    wall = WALL_S[name] = time.monotonic() - t0
+    (tmp_path / "ws.jsonl").write_text("".join(json.dumps(m) + "\n" for m in messages))
+    errors = _of(messages, "execution_error", pid)
+    assert not errors, f"{errors[0].get('exception_message')}\n{''.join(errors[0].get('traceback', []))}"
+    assert _of(messages, "execution_success", pid) and entry["status"]["status_str"] == "success"
+
+    # every node ran or came from ComfyUI's cache (H3LoadEncoders with the same inputs as an earlier template)
+    cached = {n for d in _of(messages, "execution_cached", pid) for n in d["nodes"]}
+    ran = {d["node"] for d in _of(messages, "executing", pid) if d["node"] is not None}
+    executed = {d["node"] for d in _of(messages, "executed", pid)}  # those that returned a UI output
+    assert ran | cached == set(api) and not ran & cached, (ran, cached)
+    assert executed <= ran and {dit_id, den_id, dec_id, save_id} <= ran  # H3RemoteDiT re-checks B every run
+    assert {dit_id, save_id} <= executed
+    timings: dict[str, list[dict]] = {}
+    for d in _of(messages, "h3.timing", pid):
+        timings.setdefault(d["node"], []).append(d)
+    timed = {nid for nid in ran if api[nid]["class_type"].startswith("H3") and api[nid]["class_type"] not in UNTIMED}
+    assert set(timings) == timed, (sorted(timings), sorted(timed))
+    for nid, ts in timings.items():
+        for t in ts:
+            assert t["node_type"] == api[nid]["class_type"] and t["stages"] and "compute_s" in t["summary"], t
+        per_request = nid in (text_id, den_id, dec_id, save_id)
+        assert len(ts) == (n_req if per_request else 1), (api[nid]["class_type"], len(ts), n_req)
+    for nid in executed & set(timings):  # the node's ui output carries its records too (/history)
+        assert {r["node_type"] for r in entry["outputs"][nid]["h3_timing"]} == {api[nid]["class_type"]}
+        assert all(r["prompt_id"] == pid for r in entry["outputs"][nid]["h3_timing"])
+    (dit,) = timings[dit_id]
+    b_models = dit["summary"]["b_models"]  # embedded cluster: B searches A's model roots
+    assert str(comfyui.found_model) in b_models and b_models[-1] == TINY, b_models
+
+    forwards = steps - 1
+    rids = []
+    for t in timings[den_id]:
+        den = t["summary"]
+        assert den["machine"] == "B" and den["a_to_b"]["bytes"] > 0 and den["b_to_a"]["bytes"] > 0, den
+        ran_on = den["ran"]
+        assert ran_on["model"] == TINY and ran_on["dtype"] == api[dit_id]["inputs"]["dtype"], ran_on
+        want_partition = "transformer_ref" if _ids(api, "H3References") else "transformer"
+        assert ran_on["partition"] == want_partition, ran_on
+        assert den["steps_done"] == den["steps_total"] == forwards, den
+        if _ids(api, "H3LoRA"):
+            assert "LoRA" in den["schedule"], den
+        rids.append(t["request_id"])
+    assert len(set(rids)) == n_req, rids
+    prog: dict[str, list[int]] = {}
+    for p in _of(messages, "h3.progress", pid):
+        assert p["total"] == forwards and p["node"] == den_id, p
+        prog.setdefault(p["request_id"], []).append(p["step"])
+    assert prog == {rid: list(range(1, forwards + 1)) for rid in rids}, prog
+    assert all(t["summary"]["frames"] == frames for t in timings[dec_id])
+
+    status, _, body = asyncio.run(_get(comfyui, "/api/h3/status"))
+    models = json.loads(body)["models"]
+    assert models["B"] == b_models and str(comfyui.found_model) in models["A"] and models["A"][-1] == TINY, models
+
+    # each request's stages, as the panel reads them
+    for rid in rids:
+        status, _, body = asyncio.run(_get(comfyui, f"/api/h3/timings?request_id={rid}"))
+        stages = {r["stage"] for r in json.loads(body)["records"]}
+        assert {"a_to_b", "denoise", "b_to_a", "decode"} <= stages, (rid, stages)
+        if text_id in ran:
+            assert "encode" in stages, (rid, stages)
+
+    videos = entry["outputs"][save_id]["images"]
+    assert len(videos) == n_req and entry["outputs"][save_id]["animated"] == [True] * n_req, videos
+    for video in videos:
+        mp4 = comfyui.output / video["subfolder"] / video["filename"]
+        assert video["type"] == "output" and mp4.is_file() and video["filename"].endswith(".mp4")
+        facts = _mp4_facts(mp4)
+        assert facts["codecs"] == {"video": "h264", "audio": "aac"}, facts["codecs"]
+        assert (facts["width"], facts["height"], facts["frames"]) == (width, height, frames), facts
+        assert facts["audio_samples"] > 0
+        meta = json.loads(facts["meta"]["prompt"])
+        assert meta[save_id]["class_type"] == "H3SaveVideo"
+        assert meta[enc_id]["inputs"]["model_path"] == TINY and meta[dit_id]["inputs"]["model_path"] == TINY
+        assert {n["type"] for n in json.loads(facts["meta"]["workflow"])["nodes"]} == {n["type"] for n in ui["nodes"]}
+
+    node_s = {api[nid]["class_type"]: round(sum(t["summary"]["compute_s"] for t in ts), 1)
+              for nid, ts in timings.items()}
+    with capsys.disabled():
+        print(f"\n[h3] {name}: {wall:.1f} s to {n_req} MP4{'s' if n_req > 1 else ''} in real ComfyUI (goal "
+              f"{TEMPLATE_GOAL_S:.0f} s per video); compute s per node: {node_s}; cached: {sorted(cached)}")
+    if TEMPLATE_MAX_S is not None:
+        assert wall <= TEMPLATE_MAX_S * n_req, f"{name} took {wall:.1f} s (> {TEMPLATE_MAX_S:.0f} s x {n_req})"
+
+
+# ------------------------------------------------------------------------------------------------ typed path
 def test_t2va_prompt_runs_with_events_history_and_mp4(comfyui, tiny_ckpt, tmp_path):
     import av
 
@@ -408,3 +645,131 @@ def test_interrupt_stops_denoise_and_next_prompt_runs(comfyui, tiny_ckpt):
     assert _of(messages, "execution_success", pid), [m for m in messages if m["type"] in TERMINAL]
     assert [p["step"] for p in _of(messages, "h3.progress", pid)] == [1, 2]
     assert entry["status"]["status_str"] == "success"
+
+
+# ------------------------------------------------------------------------------------------------ browser
+@pytest.fixture(scope="module")
+def browser():
+    missing = []
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        missing.append(f"Chromium ({CHROMIUM})")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing.append("the playwright Python package")
+    if missing:
+        msg = (f"the browser checks need {' and '.join(missing)}: apt-get install -y chromium && pip install "
+               "playwright (no `playwright install`), or set H3_SKIP_BROWSER=1")
+        if os.environ.get("H3_SKIP_BROWSER") == "1":
+            pytest.skip(msg)
+        pytest.fail(msg, pytrace=False)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+QUEUE_LIKE_A_USER = """async ([picks]) => {
+    const { api } = await import('/scripts/api.js');
+    const run = window.__h3run = { start: null, end: null, error: null, timings: [] };
+    api.addEventListener('execution_start', (e) => { run.start = e.detail.prompt_id; });
+    api.addEventListener('h3.timing', (e) => { if (e.detail.prompt_id === run.start) run.timings.push(e.detail); });
+    for (const kind of ['execution_success', 'execution_error', 'execution_interrupted']) {
+        api.addEventListener(kind, (e) => {
+            if (e.detail.prompt_id !== run.start) return;
+            run.end = kind;
+            if (kind === 'execution_error') run.error = e.detail.exception_message;
+        });
+    }
+    for (const node of window.app.graph.nodes) {
+        for (const [name, value] of Object.entries(picks[node.type] ?? {})) {
+            const w = node.widgets.find((w) => w.name === name);
+            w.value = value;
+            w.callback?.(value);
+        }
+    }
+    await window.app.queuePrompt(0, 1);
+}"""
+
+
+@pytest.mark.parametrize("vue", [False, True], ids=["litegraph", "vue-nodes"])
+def test_panel_shows_the_run_queued_from_the_page(comfyui, browser, vue):
+    """ComfyUI's own page: load a template, set the pickers to tiny-random, queue it, open the H3 tab; the panel has
+    the run's request row with every stage /h3/timings holds for it, the nodes their readouts, and H3RemoteDiT's
+    picker the models B reported. Once with the classic canvas, once with Vue nodes (the setting is restored)."""
+    settings = _http_json(comfyui, "GET", "/api/settings")
+    if "Comfy.TutorialCompleted" not in settings:  # a new user's first page shows the templates dialog over all
+        _http_json(comfyui, "POST", "/api/settings/Comfy.TutorialCompleted", True)
+    _http_json(comfyui, "POST", f"/api/settings/{VUE_SETTING}", vue)
+    context = browser.new_context(viewport={"width": 1500, "height": 960})
+    page = context.new_page()
+    page.set_default_timeout(30000)
+    page_errors: list[str] = []
+    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    try:
+        page.goto(comfyui.base + "/")
+        page.wait_for_selector(TAB_BUTTON, timeout=90000)
+        page.wait_for_function("() => !!window.app?.graph && !!window.app.extensionManager?.setting")
+        assert page.evaluate(f"() => window.app.extensionManager.setting.get('{VUE_SETTING}')") is vue
+        _, ui = _template(BROWSER_TEMPLATE)
+        page.evaluate("(wf) => window.app.loadGraphData(wf)", ui)
+        page.wait_for_function("() => window.app.graph.nodes.some((n) => n.type === 'H3RemoteDenoise')")
+        den_id = page.evaluate("() => String(window.app.graph.nodes.find((n) => n.type === 'H3RemoteDenoise').id)")
+        if vue:
+            page.locator(f'[data-node-id="{den_id}"] .h3-readout').wait_for(state="attached")
+
+        page.evaluate(QUEUE_LIKE_A_USER, [PICKERS])
+        page.wait_for_function("() => window.__h3run.end !== null", timeout=PROMPT_TIMEOUT * 1000)
+        run = page.evaluate("() => window.__h3run")
+        assert run["end"] == "execution_success", f"{run['end']}: {run['error']}\n{comfyui.log_tail()}"
+        den = next(t for t in run["timings"] if t["node_type"] == "H3RemoteDenoise")
+        rid = den["request_id"]
+        records = _http_json(comfyui, "GET", f"/api/h3/timings?request_id={rid}")["records"]
+        assert {"a_to_b", "denoise", "b_to_a", "decode"} <= {r["stage"] for r in records}, records
+
+        # ---- the H3 tab, opened like a user after the run
+        page.click(TAB_BUTTON)
+        row = page.locator(f'.h3-panel .h3-request[data-request-id="{rid}"]')
+        row.wait_for()
+        page.wait_for_function(f"() => document.querySelector('.h3-request[data-request-id=\"{rid}\"]')"
+                               "?.dataset.state === 'done'")
+        bars = row.locator(".h3-bar")
+        assert bars.count() == len(records), (bars.count(), [r["stage"] for r in records])
+        assert sorted(bars.evaluate_all("(gs) => gs.map((g) => g.dataset.stage)")) == \
+            sorted(r["stage"] for r in records)
+        assert page.locator(".h3-panel .h3-status .h3-role[data-role='B']").inner_text().find("127.0.0.3") >= 0
+
+        # ---- the node readouts and B's model list on H3RemoteDiT's picker
+        text = page.evaluate("""(id) => window.app.graph.getNodeById(id)?.widgets
+            ?.find((w) => w.name === 'h3_timing')?.element?.textContent ?? ''""", int(den_id))
+        assert f"step {den['summary']['steps_done']}/{den['summary']['steps_total']}" in text, text
+        dit = next(t for t in run["timings"] if t["node_type"] == "H3RemoteDiT")
+        picker = page.evaluate("""() => {
+            const w = window.app.graph.nodes.find((n) => n.type === 'H3RemoteDiT').widgets
+                .find((w) => w.name === 'model_path');
+            return { value: w.value, values: [...w.options.values] };
+        }""")
+        assert picker == {"value": TINY, "values": dit["summary"]["b_models"]}, picker
+        assert str(comfyui.found_model) in picker["values"]
+        if vue:
+            assert page.locator(f'[data-node-id="{den_id}"] .h3-readout').is_visible()
+        ours = [e for e in page_errors if "comfy-h3" in e or "h3_" in e]
+        assert not ours, ours
+    finally:
+        context.close()
+        _http_json(comfyui, "POST", f"/api/settings/{VUE_SETTING}", settings.get(VUE_SETTING, False))
+
+
+def test_template_wall_times(capsys):
+    """The wall time of each template run above (printed; asserted per template only with H3_TEMPLATE_MAX_S).
+
+    Measured here (2 shared cores, load average 10-24 from other work): the first template, which also starts the
+    embedded Ray cluster and builds tiny-random on A and B, 86-129 s; the others 40-80 s; turbo 12-20 s; the batch
+    template's 4 videos 150-200 s. Too dependent on the machine's other work to assert by default."""
+    if not WALL_S:
+        pytest.skip("no template ran")
+    with capsys.disabled():
+        print(f"\n[h3] template wall times in real ComfyUI (goal {TEMPLATE_GOAL_S:.0f} s per video): "
+              + ", ".join(f"{k} {v:.1f} s" for k, v in WALL_S.items()))

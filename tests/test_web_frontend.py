@@ -562,7 +562,8 @@ def test_model_picker_offers_what_b_reported(frontend, vue):
         }""", arg=[new_id, TIMING_B_MODELS])
 
         if vue:  # what the user sees: the Vue node's select lists B's models when opened
-            field = p.page.locator(f'[data-node-id="{dit_id}"] [data-testid="node-widget"]').filter(has_text="model_path")
+            widgets = p.page.locator(f'[data-node-id="{dit_id}"] [data-testid="node-widget"]')
+            field = widgets.filter(has_text="model_path")
             trigger = field.locator('[role="combobox"]')
             assert trigger.inner_text().strip() == TYPED_ON_B
             trigger.click()
