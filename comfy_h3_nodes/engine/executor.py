@@ -524,6 +524,8 @@ class H3Executor:
         lost: list[tuple] = []  # (worker, exception, seconds lost)
         t0 = time.monotonic()
         while True:
+            if lost and rid in self._cancelled:
+                raise H3Cancelled(f"request {rid} was cancelled after its DiT worker was lost; not re-run.")
             w = await self._pick_worker(enc, rid, lost)
             rerun = ""
             if lost:
