@@ -3,7 +3,7 @@
 // No ComfyUI import and no side effects at load time (ComfyUI also loads it as an extension script on its own):
 // every function takes the document it draws into. The glue (h3_extension.js) decides when to call them.
 
-import { fmtPercent, fmtSeconds, requestSummary, shortId, stageLabel } from "./h3_view.js";
+import { fmtPercent, fmtSeconds, requestSummary, shortId, stageLabel, workerText } from "./h3_view.js";
 import { waterfall } from "./h3_timeline.js";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -257,6 +257,11 @@ export function renderStatus(root, m) {
   if (m.nodes.length) {
     const n = el(doc, "div", "h3-nodes", `nodes: ${m.nodes.join("; ")}`);
     kids.push(n);
+  }
+  for (const w of m.workers || []) {
+    const row = el(doc, "div", "h3-worker", `worker ${workerText(w)}`);
+    row.dataset.worker = w.name;
+    kids.push(row);
   }
   for (const a of m.actors) {
     const row = el(doc, "div", a.error ? "h3-actor h3-mismatch" : "h3-actor",

@@ -728,12 +728,42 @@ function healthRole(role, h, topo) {
 }
 
 /**
+ * The DiT workers of a pool, from `GET /h3/status`'s `workers`: one row each with its node, resident partitions,
+ * queue (requests and queued steps), the request it runs now and the client it serves.
+ */
+export function workerRows(workers) {
+  if (!Array.isArray(workers)) return [];
+  return workers.filter((w) => w && typeof w === "object").map((w) => {
+    const queue = Array.isArray(w.queue) ? w.queue.filter((q) => q && typeof q === "object") : [];
+    return {
+      name: String(w.name ?? "?"), node: w.node ?? null,
+      partitions: Array.isArray(w.partitions) ? w.partitions.map(String) : [],
+      queued: queue.filter((q) => q.state !== "running").length, queuedSteps: num(w.queued_steps) ?? 0,
+      current: w.current_request ?? null, client: w.client ?? null,
+      step: w.current && typeof w.current === "object" ? num(w.current.step) : null,
+      total: w.current && typeof w.current === "object" ? num(w.current.total) : null,
+      clients: [...new Set(queue.map((q) => q.client).filter(Boolean).map(String))],
+    };
+  });
+}
+
+/** One line per worker: `h3_dit_b2 @ 10.0.0.3 · transformer · running ab12cd 3/8 for host:pid · 2 queued (16 steps)`. */
+export function workerText(w) {
+  const bits = [`${w.name}${w.node ? ` @ ${w.node}` : ""}`];
+  if (w.partitions.length) bits.push(w.partitions.join(" + "));
+  bits.push(w.current ? `running ${shortId(w.current)}${w.total ? ` ${w.step ?? 0}/${w.total}` : ""}` +
+    `${w.client ? ` for ${w.client}` : ""}` : "idle");
+  if (w.queued) bits.push(`${w.queued} queued (${w.queuedSteps} steps)`);
+  return bits.join(" · ");
+}
+
+/**
  * What the status section shows, from `GET /h3/status` (or null when it could not be fetched):
- * `{ok, warning, detail, cluster, roles: [{role, ip, ...}], nodes, actors, encoders, mismatches}`.
+ * `{ok, warning, detail, cluster, roles: [{role, ip, ...}], nodes, actors, encoders, mismatches, workers}`.
  */
 export function statusModel(status, { fetchError = null } = {}) {
   const m = { ok: false, warning: null, detail: null, cluster: "", roles: [], nodes: [], actors: [], encoders: [],
-              mismatches: [], time: null };
+              mismatches: [], workers: [], time: null };
   if (!status || typeof status !== "object") {
     m.warning = "H3 status unavailable";
     m.detail = fetchError ? String(fetchError) : "no answer from /h3/status";
@@ -758,6 +788,7 @@ export function statusModel(status, { fetchError = null } = {}) {
     if (health[role] || topo[role]) m.roles.push(healthRole(role, health[role], topo[role]));
   }
   m.encoders = Array.isArray(status.encoders) ? status.encoders.filter((e) => e && typeof e === "object") : [];
+  m.workers = workerRows(status.workers);
   const a = health.A?.versions;
   const b = health.B?.versions;
   if (a && b && typeof a === "object" && typeof b === "object") {

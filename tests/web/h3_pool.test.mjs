@@ -1,0 +1,28 @@
+// The status panel lists every DiT worker of a pool (GET /h3/status `workers`). Run: node --test tests/web/
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { statusModel, workerRows, workerText } from "../../web/h3_view.js";
+
+const WORKERS = [
+  { name: "h3_dit", node: "10.0.0.2", partitions: ["transformer"], queued_steps: 13, current_request: "abcdef123456",
+    client: "sparkA:4242 (job 01000000)", current: { request_id: "abcdef123456", step: 3, total: 8 },
+    queue: [{ request_id: "abcdef123456", steps: 8, client: "sparkA:4242 (job 01000000)", state: "running" },
+            { request_id: "0011223344", steps: 8, client: "laptop:77 (job 02000000)", state: "queued" }] },
+  { name: "h3_dit_b2", node: "10.0.0.3", partitions: ["transformer_ref"], queued_steps: 0, current_request: null,
+    client: null, current: null, queue: [] },
+];
+
+test("pool workers: node, partitions, current request and its client, queue in steps", () => {
+  const rows = workerRows(WORKERS);
+  assert.equal(rows.length, 2);
+  assert.deepEqual([rows[0].queued, rows[0].queuedSteps, rows[0].step, rows[0].total], [1, 13, 3, 8]);
+  assert.deepEqual(rows[0].clients, ["sparkA:4242 (job 01000000)", "laptop:77 (job 02000000)"]);
+  assert.equal(workerText(rows[0]),
+               "h3_dit @ 10.0.0.2 · transformer · running abcdef 3/8 for sparkA:4242 (job 01000000) · 1 queued (13 steps)");
+  assert.equal(workerText(rows[1]), "h3_dit_b2 @ 10.0.0.3 · transformer_ref · idle");
+  const m = statusModel({ connected: true, cluster: { mode: "local" }, actors: [], workers: WORKERS, error: null });
+  assert.deepEqual(m.workers.map((w) => w.name), ["h3_dit", "h3_dit_b2"]);
+  assert.deepEqual(workerRows(undefined), []);
+  assert.deepEqual(workerRows([null, 3]), []);
+});
