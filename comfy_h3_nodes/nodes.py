@@ -256,7 +256,10 @@ class H3LoadEncoders:
 
     @classmethod
     def INPUT_TYPES(cls):
-        models = catalog.choices(_host().model_folders())
+        from .engine import session
+
+        session.A_MODEL_ROOTS[:] = _host().model_folders()  # what /h3/status lists as A's models
+        models = catalog.choices(session.A_MODEL_ROOTS)
         return {"required": {
             "model_path": (models, {"default": models[0], "tooltip": (
                 "diffusers MiniMax-H3 folder on A (found under ComfyUI's models/diffusers; a typed path works too). "
@@ -376,7 +379,10 @@ class H3RemoteDiT:
                           compute_s=time.perf_counter() - t0, note=note)
         ui = report("H3RemoteDiT", unique_id, [rec], "connect",
                     extra={"a_node": ex.topology.a.ip, "b_node": b["node_ip"], "b_device": b["device"],
-                           "partition": b["partition"], "resident": b.get("resident"),
+                           # what B holds now; each denoise readout says which partition that request ran on
+                           "partition": " + ".join((b.get("memory_plan") or {}).get("resident_partitions")
+                                                   or [b["partition"]]),
+                           "resident": b.get("resident"),
                            "b_models": session.b_model_choices(),
                            "reconfigured": ex.last_reconfigure or None, "precision": b.get("precision"),
                            "workers": [{"name": w["name"], "node": w["node"]} for w in workers],
@@ -890,6 +896,8 @@ class H3Decode:
         rid = latents.payload.request_id
         executor_mod = sys.modules.get("comfy_h3_nodes.engine.executor")  # no executor imported: none holds B's copy
         ex = executor_mod.holder_of(rid) if executor_mod is not None and decode_on != "A" else None
+        if executor_mod is not None and ex is None:
+            executor_mod.release_held(rid)  # decoded on A alone: B's copy of the latents is not needed
         if ex is not None:
             try:
                 media, records, plan = ex.decode_received(encoders, latents.payload, decode_on, h.interrupted)

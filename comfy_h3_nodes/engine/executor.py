@@ -972,6 +972,13 @@ class _WorkerLost(Exception):
         self.exc = exc
 
 
+def release_held(request_id: str) -> None:
+    """A decoded ``request_id`` no longer needs B's copy of its latents: let the object store free it."""
+    ex = holder_of(request_id)
+    if ex is not None:
+        ex._held.pop(request_id, None)
+
+
 def holder_of(request_id: str) -> "H3Executor | None":
     """The executor of this process whose B still holds ``request_id``'s latents (denoised, not yet decoded)."""
     for ex in list(_EXECUTORS):
