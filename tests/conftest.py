@@ -129,6 +129,19 @@ def ray_cluster():
     cluster.shutdown()
 
 
+@pytest.fixture(scope="module")
+def local_host(ray_cluster):
+    """This process as ComfyUI's A: joined to the session cluster as its ``local`` one, with a fresh local host
+    (events, interrupt flag, output folder) for the module."""
+    from comfy_h3_nodes.engine import session
+    from comfy_h3_nodes.host import LocalHost, set_host
+
+    session.adopt_cluster(ray_cluster.address)
+    h = LocalHost()
+    set_host(h)
+    return h
+
+
 @pytest.fixture(scope="session")
 def executor(ray_cluster, tiny_ckpt):
     """Resident A and B actors on the session cluster (fp32, one CPU thread each, short timeouts)."""

@@ -15,7 +15,6 @@ from comfy_h3_nodes import nodes as N
 from comfy_h3_nodes import runner
 from comfy_h3_nodes.engine import session
 from comfy_h3_nodes.engine.request import RequestError
-from comfy_h3_nodes.host import LocalHost, set_host
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROMPTS = ["a red fox in the snow", "a lighthouse at dusk", "a saxophone in the rain"]
@@ -34,14 +33,6 @@ def test_prompt_list_lines_and_seed_modes():
     assert N.H3PromptList.OUTPUT_IS_LIST == (True, True)
     assert "prompts is empty" in N.H3PromptList.VALIDATE_INPUTS(prompts=" \n \n")
     assert "prompt line 2" in N.H3PromptList.VALIDATE_INPUTS(prompts="ok\n" + "x" * 20_001)
-
-
-@pytest.fixture(scope="module")
-def local_host(ray_cluster):
-    session.adopt_cluster(ray_cluster.address)
-    h = LocalHost()
-    set_host(h)
-    return h
 
 
 @pytest.fixture(scope="module")

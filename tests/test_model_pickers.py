@@ -97,14 +97,6 @@ def test_tiny_random_is_built_once_when_asked_concurrently(tmp_path, monkeypatch
 
 
 @pytest.fixture(scope="module")
-def local_host(ray_cluster):
-    session.adopt_cluster(ray_cluster.address)
-    h = LocalHost()
-    set_host(h)
-    return h
-
-
-@pytest.fixture(scope="module")
 def tiny_cache(tmp_path_factory, tiny_ckpt):
     """``tiny-random`` on both sides resolves into this cache (forwarded to the actors), prefilled with the session's
     tiny checkpoint so no test pays for a build."""

@@ -15,7 +15,6 @@ import pytest
 
 from comfy_h3_nodes import runner
 from comfy_h3_nodes.engine import session
-from comfy_h3_nodes.host import LocalHost, set_host
 from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
 from conftest import PROMPT
 
@@ -73,14 +72,6 @@ def test_example_workflow_matches_input_types(path):
     runner.apply_overrides(api, runner.TINY, [])
     order = runner.check_prompt(api)
     assert order.index("3") < order.index("5") < order.index("6") < order.index("7")
-
-
-@pytest.fixture(scope="module")
-def local_host(ray_cluster):
-    session.adopt_cluster(ray_cluster.address)
-    h = LocalHost()
-    set_host(h)
-    return h
 
 
 @pytest.fixture(scope="module")

@@ -103,27 +103,34 @@ def resolve(choice: str, announce=print) -> str:
     return os.path.expanduser(str(choice).strip())
 
 
-def find_models(roots: Iterable[str | os.PathLike], depth: int = SEARCH_DEPTH) -> list[str]:
-    """Every diffusers MiniMax-H3 folder (one holding ``modular_model_index.json``) under ``roots``, at most
-    ``depth`` levels down, as sorted absolute paths. Missing or unreadable roots are skipped; nothing is loaded."""
-    found: set[str] = set()
+def _walk(roots: Iterable[str | os.PathLike], depth: int, stop) -> Iterable[pathlib.Path]:
+    """Every folder under ``roots`` down to ``depth`` levels (hidden ones skipped; missing or unreadable ones
+    skipped), breadth first; ``stop(folder)`` true yields it and does not descend into it."""
     for root in roots:
-        base = pathlib.Path(os.path.expanduser(str(root)))
-        if not base.is_dir():
-            continue
-        level = [base]
+        level = [pathlib.Path(os.path.expanduser(str(root)))]
         for _ in range(depth + 1):
             nxt = []
             for d in level:
                 try:
-                    if (d / MODEL_INDEX).is_file():
-                        found.add(str(d.absolute()))
-                        continue  # a checkpoint's own subfolders are its components
-                    nxt.extend(c for c in d.iterdir() if c.is_dir() and not c.name.startswith("."))
+                    if not d.is_dir():
+                        continue
+                    yield d
+                    if not stop(d):
+                        nxt.extend(c for c in d.iterdir() if c.is_dir() and not c.name.startswith("."))
                 except OSError:
                     continue
             level = nxt
-    return sorted(found)
+
+
+def _is_checkpoint(d: pathlib.Path) -> bool:
+    return (d / MODEL_INDEX).is_file()
+
+
+def find_models(roots: Iterable[str | os.PathLike], depth: int = SEARCH_DEPTH) -> list[str]:
+    """Every diffusers MiniMax-H3 folder (one holding ``modular_model_index.json``) under ``roots``, at most
+    ``depth`` levels down, as sorted absolute paths (a checkpoint's own subfolders are its components, not
+    choices). Nothing is loaded."""
+    return sorted({str(d.absolute()) for d in _walk(roots, depth, _is_checkpoint) if _is_checkpoint(d)})
 
 
 def choices(roots: Iterable[str | os.PathLike]) -> list[str]:
@@ -145,26 +152,17 @@ def find_transformer_files(roots: Iterable[str | os.PathLike], depth: int = SEAR
     choices, and are skipped. Sorted absolute paths."""
     from . import formats
 
-    found: set[str] = set()
-    for root in roots:
-        base = pathlib.Path(os.path.expanduser(str(root)))
-        if not base.is_dir():
+    def shards_only(d: pathlib.Path) -> bool:  # a diffusers checkpoint or component folder: its files are shards
+        return _is_checkpoint(d) or (d / "config.json").is_file()
+
+    found = set()
+    for d in _walk(roots, depth, shards_only):
+        if shards_only(d):
             continue
-        level = [base]
-        for _ in range(depth + 1):
-            nxt = []
-            for d in level:
-                try:
-                    if (d / MODEL_INDEX).is_file() or (d / "config.json").is_file():
-                        continue  # a diffusers checkpoint or component folder: its files are shards
-                    for c in d.iterdir():
-                        if c.name.startswith("."):
-                            continue
-                        if c.is_dir():
-                            nxt.append(c)
-                        elif c.suffix.lower() in (".safetensors", ".gguf") and formats.is_h3_transformer(c):
-                            found.add(str(c.absolute()))
-                except OSError:
-                    continue
-            level = nxt
+        try:
+            found.update(str(c.absolute()) for c in d.iterdir()
+                         if c.suffix.lower() in (".safetensors", ".gguf") and not c.name.startswith(".")
+                         and c.is_file() and formats.is_h3_transformer(c))
+        except OSError:
+            continue
     return sorted(found)
