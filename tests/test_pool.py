@@ -191,7 +191,7 @@ def test_pool_node_connects_to_every_worker(pool_ex, workers, ray_cluster, tiny_
         out = nodes.H3RemoteDiT().connect("local", SPEC, NS, str(tiny_ckpt), "transformer", "float32", "sdpa")
         text = json.dumps(out["ui"])
         assert "pool of 2: h3_pool_b1 127.0.0.3, h3_pool_b2 127.0.0.4" in text
-        assert {w["name"] for w in session.status(timeout=10)["workers"]} == {"h3_pool_b1", "h3_pool_b2"}
+        assert {"h3_pool_b1", "h3_pool_b2"} <= {w["name"] for w in session.status(timeout=10)["workers"]}
         with pytest.raises(Exception, match="only a trailing"):
             nodes.H3RemoteDiT().connect("local", "h3_*pool", NS, str(tiny_ckpt), "transformer", "float32", "sdpa")
     finally:
