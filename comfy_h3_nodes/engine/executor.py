@@ -51,6 +51,11 @@ log = logging.getLogger("comfy_h3.executor")
 PACK_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+#: what a caller sees when a worker's process or node is gone: died, unavailable (restarting, or its node not yet
+#: judged), or unschedulable (a worker pinned to its node, and the node left the cluster)
+WORKER_LOST = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError,
+               ray.exceptions.ActorUnschedulableError)
+
 #: seconds to let the head judge B's node after B's actor became unavailable (node death shows ~1 s later)
 NODE_SETTLE_S = 4.0
 
@@ -629,7 +634,7 @@ class H3Executor:
             err = _remote_error("B", "denoise", rid, exc)
             if rid in self._cancelled:
                 raise H3Cancelled(f"request {rid} was cancelled; B stopped it between two steps.") from None
-            if isinstance(exc, (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)):
+            if isinstance(exc, WORKER_LOST):
                 raise _WorkerLost(exc) from None  # the caller re-runs it on another worker, or says why not
             raise err from None
         except BaseException:
@@ -1005,7 +1010,7 @@ def _remote_error(machine: str, stage: str, rid: str, exc: BaseException) -> H3E
     inner = unwrap_ray_error(exc)
     if type(inner).__name__ in ("DenoiseCancelled", "DecodeCancelled"):
         return H3Cancelled(str(inner))
-    if isinstance(exc, (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)):
+    if isinstance(exc, WORKER_LOST):
         return H3Error(
             f"machine {machine}'s actor died during {stage} of request {rid} ({type(exc).__name__}); it is "
             "restarted automatically where its restart policy allows: run the request again."
