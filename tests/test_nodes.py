@@ -276,6 +276,7 @@ def test_status_and_timings_routes(local_host, executor, runs):
     st, tj, ctype, csv_text = asyncio.run(go())
     assert st["connected"] and st["topology"]["B"]["ip"] == "127.0.0.3" and st["error"] is None
     assert any(a["health"]["B"]["node_ip"] == "127.0.0.3" for a in st["actors"] if "health" in a)
+    assert st["encoders"] and all(e["memory_plan"].startswith("A plan (") for e in st["encoders"])  # A's plan too
     stages = {r["stage"] for r in tj["records"]}
     assert {"encode", "a_to_b", "denoise", "b_to_a", "decode", "save"} <= stages
     assert ctype.startswith("text/csv") and csv_text.splitlines()[0].startswith("request_id,stage,machine")

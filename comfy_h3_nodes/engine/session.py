@@ -205,6 +205,6 @@ def status(timeout: float = 5.0) -> dict:
             out["error"] = out["error"] or f"B actor {key[1]!r} is unreachable: {exc}"
         out["actors"].append(entry)
     with _lock:
-        out["encoders"] = [{"model_path": k[0], "dtype": k[1], "attention_backend": k[2],
-                            "resident": e.resident()} for k, e in _encoders.items()]
+        out["encoders"] = [{"model_path": k[0], "dtype": k[1], "attention_backend": k[2], "resident": e.resident(),
+                            "memory_plan": e.memory_plan.summary()} for k, e in _encoders.items()]
     return out
