@@ -679,8 +679,9 @@ class H3RemoteDenoise:
         h = _host()
         ex, adapters = dit_parts(dit)
         n = len(conds)
-        jobs = [(c.next_request_id(), c.encoded, _payload_maker(c, sd, st, adapters))
-                for c, sd, st in zip(conds, seeds, steps)]
+        rids = [c.next_request_id() for c in conds]
+        jobs = [(rid, c.encoded, _payload_maker(rid, sd, st, adapters))
+                for rid, c, sd, st in zip(rids, conds, seeds, steps)]
         run = BatchRun(ex, [rid for rid, _, _ in jobs], [c.encoded for c in conds],
                        batch.BatchProgress(n, max(steps) - 1), unique_id)
         index = {rid: i for i, rid in enumerate(run.request_ids)}
@@ -713,7 +714,7 @@ class H3RemoteDenoise:
         h = _host()
         dit, adapters = dit_parts(dit)
         rid = conditioning.next_request_id()
-        payload = _payload_maker(conditioning, seed, steps, adapters)(conditioning.payload)
+        payload = _payload_maker(rid, seed, steps, adapters)(conditioning.payload)
         bar = h.progress(unique_id, max(1, steps - 1), "B denoise")
         loop = asyncio.get_running_loop()
 
@@ -757,11 +758,9 @@ class H3RemoteDenoise:
         return {"ui": ui, "result": ([Latents(latents, records)],)}
 
 
-def _payload_maker(conditioning: Conditioning, seed: int, steps: int, adapters: tuple):
-    """The A->B payload of one denoise run of ``conditioning``: its request id, seed, steps and LoRA adapters."""
+def _payload_maker(rid: str, seed: int, steps: int, adapters: tuple):
+    """The A->B payload of one denoise run, made from the encoded request: its request id, seed, steps, adapters."""
     from .engine import wire
-
-    rid = conditioning.request_id if conditioning.uses <= 1 else f"{conditioning.request_id}.{conditioning.uses}"
 
     def make(payload):
         return dataclasses.replace(payload, request_id=rid, seed=int(seed), num_inference_steps=int(steps),

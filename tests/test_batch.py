@@ -122,7 +122,7 @@ def test_interrupt_cancels_every_request_in_flight(batch_b, local_host):
     local_host.listeners.append(listener)
     try:
         with pytest.raises(H3Cancelled, match="interrupted"):
-            _run_batch(enc, ex, PROMPTS, SEEDS, steps=30)
+            _run_batch(enc, ex, PROMPTS, SEEDS, steps=200)  # request 2 is surely still on B when stopped
     finally:
         local_host.listeners.remove(listener)
         local_host.interrupt_flag.clear()
@@ -149,7 +149,7 @@ def test_a_failed_request_is_named_and_finished_videos_are_saved(batch_b, local_
     local_host.listeners.append(listener)
     try:
         with pytest.raises(H3Error) as err:
-            _run_batch(enc, ex, PROMPTS, SEEDS, steps=40)
+            _run_batch(enc, ex, PROMPTS, SEEDS, steps=200)  # request 2 is surely still on B when cancelled
     finally:
         local_host.listeners.remove(listener)
     msg = str(err.value)
