@@ -47,18 +47,23 @@ class EncoderActorImpl(common.ResidentActorMixin):
                  rec.compute_s)
         return payload, rec
 
-    @ray.method(concurrency_group="decode", num_returns=2)
-    def decode(self, refs: list, request_id: str, wait_timeout: float = 600.0):
-        """Receive B's latents (bounded), decode them; returns ``(DecodedMedia, [b_to_a, decode])``."""
+    def _receive_latents(self, refs: list, request_id: str, wait_timeout: float):
+        """B's latents on A: bounded wait and fetch, validated once, materialised; with their ``b_to_a`` record."""
         w0 = time.time()
         latents, wait_s, fetch_s = common.receive(refs[0], wait_timeout, "A", "B->A", request_id)
         t_v = time.perf_counter()
         latents.validate()
         validate_s = time.perf_counter() - t_v
         mat_s = common.materialize(latents)
-        w1 = time.time()
-        b_to_a = StageRecord(request_id, "b_to_a", "A", self.node_ip, w0, w1, producer_wait_s=wait_s, fetch_s=fetch_s,
-                             materialize_s=mat_s, validate_s=validate_s, bytes=latents.field_bytes())
+        return latents, StageRecord(request_id, "b_to_a", "A", self.node_ip, w0, time.time(), producer_wait_s=wait_s,
+                                    fetch_s=fetch_s, materialize_s=mat_s, validate_s=validate_s,
+                                    bytes=latents.field_bytes())
+
+    @ray.method(concurrency_group="decode", num_returns=2)
+    def decode(self, refs: list, request_id: str, wait_timeout: float = 600.0):
+        """Receive B's latents (bounded), decode them; returns ``(DecodedMedia, [b_to_a, decode])``."""
+        latents, b_to_a = self._receive_latents(refs, request_id, wait_timeout)
+        w1 = b_to_a.end
         t0 = time.perf_counter()
         media = self.side.decode(latents, validated=True)
         synthetic = common.synthetic_delay(self.config, "decode")
@@ -72,15 +77,8 @@ class EncoderActorImpl(common.ResidentActorMixin):
     def decode_split(self, refs: list, request_id: str, b_refs: list, b_start: int, wait_timeout: float = 600.0):
         """Receive B's latents, decode clips ``[0, b_start)`` and blend in B's share (``b_refs``: the returns of B's
         ``decode_share``, clips ``b_start``..); returns ``(DecodedMedia, [b_to_a, decode on A, decode on B?])``."""
-        w0 = time.time()
-        latents, wait_s, fetch_s = common.receive(refs[0], wait_timeout, "A", "B->A", request_id)
-        t_v = time.perf_counter()
-        latents.validate()
-        validate_s = time.perf_counter() - t_v
-        mat_s = common.materialize(latents)
-        w1 = time.time()
-        b_to_a = StageRecord(request_id, "b_to_a", "A", self.node_ip, w0, w1, producer_wait_s=wait_s, fetch_s=fetch_s,
-                             materialize_s=mat_s, validate_s=validate_s, bytes=latents.field_bytes())
+        latents, b_to_a = self._receive_latents(refs, request_id, wait_timeout)
+        w1 = b_to_a.end
         cancelled = lambda: request_id in self._cancelled  # noqa: E731
         share = common.ShareReceiver(b_refs, b_start, latents.height, latents.width, wait_timeout, request_id,
                                      cancelled)
