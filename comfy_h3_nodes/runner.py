@@ -326,13 +326,6 @@ def timing_table(result: RunResult) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-def tiny_checkpoint_dir() -> pathlib.Path:
-    """The tiny random checkpoint the demo and ``--tiny`` use (the ``tiny-random`` choice), generated on first use."""
-    from .engine.catalog import tiny_checkpoint_dir as build
-
-    return build()
-
-
 MODEL_PATH_NODES = {"H3LoadEncoders": "model_path", "H3RemoteDiT": "model_path"}
 
 
