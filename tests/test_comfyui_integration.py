@@ -41,6 +41,8 @@ import uuid
 
 import pytest
 
+from browser_support import CHROMIUM, CHROMIUM_ARGS, missing_browser_parts
+
 pytestmark = pytest.mark.skipif(not os.environ.get("COMFYUI_DIR"), reason="COMFYUI_DIR is not set")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -64,9 +66,6 @@ FOUND_MODEL = "tiny-h3-found"  # the checkpoint linked into the test's diffusers
 WALL_S: dict[str, float] = {}  # template -> seconds from POST /prompt to execution_success
 TAB_BUTTON = ".comfy-h3-timeline-tab-button"
 VUE_SETTING = "Comfy.VueNodes.Enabled"
-CHROMIUM = os.environ.get("H3_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
 BROWSER_TEMPLATE = "h3_t2va_turbo"  # 4 steps: the browser runs cost little besides the decode
 
 
@@ -650,19 +649,15 @@ def test_interrupt_stops_denoise_and_next_prompt_runs(comfyui, tiny_ckpt):
 # ------------------------------------------------------------------------------------------------ browser
 @pytest.fixture(scope="module")
 def browser():
-    missing = []
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        missing.append(f"Chromium ({CHROMIUM})")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing.append("the playwright Python package")
+    missing = missing_browser_parts()
     if missing:
         msg = (f"the browser checks need {' and '.join(missing)}: apt-get install -y chromium && pip install "
                "playwright (no `playwright install`), or set H3_SKIP_BROWSER=1")
         if os.environ.get("H3_SKIP_BROWSER") == "1":
             pytest.skip(msg)
         pytest.fail(msg, pytrace=False)
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:

@@ -13,7 +13,6 @@ instructions, unless ``H3_SKIP_BROWSER=1`` (then it is skipped).
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import json
@@ -22,9 +21,10 @@ import os
 import pathlib
 import re
 import shutil
-import threading
 
 import pytest
+
+from browser_support import CHROMIUM, CHROMIUM_ARGS, ThreadedServer, missing_browser_parts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WEB = ROOT / "web"
@@ -34,10 +34,6 @@ EVENTS_FILE = FIXTURES / "runner_events.jsonl"
 SHARED_TRACE = ROOT.parent / "shared" / "samples" / "comfyui_ws_trace.jsonl"
 PACK = "comfy-h3"
 SETTING = "comfy-h3.TransferWarnPercent"
-CHROMIUM = os.environ.get("H3_CHROMIUM", "/usr/bin/chromium")
-# the last four keep Chromium from trying to reach the (closed) network at start
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
 INSTALL_HINT = ("install them with: apt-get update && apt-get install -y chromium && "
                 ".venv/bin/pip install playwright  (no `playwright install`: the test drives /usr/bin/chromium); "
                 "or set H3_SKIP_BROWSER=1 to skip the browser test")
@@ -151,7 +147,7 @@ def lane_gaps(records: list[dict]) -> dict[str, int]:
 
 # ---------------------------------------------------------------------------------------------------- server
 
-class HarnessServer:
+class HarnessServer(ThreadedServer):
     """aiohttp on 127.0.0.1 (random port) in a thread; ``mode`` picks the canned /h3/status answer."""
 
     def __init__(self):
@@ -160,10 +156,7 @@ class HarnessServer:
                        "unreachable": json.loads((FIXTURES / "status_unreachable.json").read_text())}
         self.records: list[dict] = []  # what /h3/timings lists; tests fill it as the run "happens"
         self.hits: list[str] = []
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.port = None
+        super().__init__()
 
     def _app(self):
         from aiohttp import web
@@ -212,51 +205,20 @@ class HarnessServer:
         app.router.add_get("/api/h3/timings", timings)
         return app
 
-    def _run(self):
-        from aiohttp import web
-
-        asyncio.set_event_loop(self._loop)
-        runner = web.AppRunner(self._app())
-        self._loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self._runner = runner
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(runner.cleanup())
-
-    def start(self):
-        self._thread.start()
-        assert self._ready.wait(10), "harness server did not start"
-        return self
-
-    def stop(self):
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.port}/"
-
 
 # ---------------------------------------------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
 def browser():
     skip = os.environ.get("H3_SKIP_BROWSER") == "1"
-    missing = []
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        missing.append(f"Chromium ({CHROMIUM})")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing.append("the playwright Python package")
+    missing = missing_browser_parts()
     if missing:
         msg = f"browser test needs {' and '.join(missing)}: {INSTALL_HINT}"
         if skip:
             pytest.skip(msg)
         pytest.fail(msg, pytrace=False)
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield b

@@ -27,11 +27,12 @@ import asyncio
 import json
 import os
 import pathlib
-import threading
 import time
 import uuid
 
 import pytest
+
+from browser_support import CHROMIUM, CHROMIUM_ARGS, ThreadedServer, missing_browser_parts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WEB = ROOT / "web"
@@ -40,9 +41,6 @@ RECORDED = FIXTURES / "comfyui_frontend"
 PACK = "comfy-h3"
 TAB_BUTTON = ".comfy-h3-timeline-tab-button"  # the frontend's class for a sidebar tab's button: `${id}-tab-button`
 VUE_SETTING = "Comfy.VueNodes.Enabled"
-CHROMIUM = os.environ.get("H3_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
 MANIFEST = json.loads((RECORDED / "manifest.json").read_text())
 FRONTEND_VERSION = MANIFEST["frontend_version"]
 INSTALL_HINT = (f"install them with: apt-get update && apt-get install -y chromium && .venv/bin/pip install playwright "
@@ -102,7 +100,7 @@ def live_graph() -> dict:
 
 # ---------------------------------------------------------------------------------------------------- server
 
-class FrontendServer:
+class FrontendServer(ThreadedServer):
     """The real frontend's files plus ComfyUI's recorded answers, on 127.0.0.1 (random port), in a thread."""
 
     def __init__(self, static: pathlib.Path):
@@ -116,10 +114,7 @@ class FrontendServer:
         self.hits: list[str] = []
         self.misses: list[str] = []
         self.sockets: set = set()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.port = None
+        super().__init__()
 
     def reset(self, **settings):
         recorded = self.responses["GET /api/settings"]["body"]
@@ -254,33 +249,9 @@ class FrontendServer:
         app.router.add_static("/", self.static)
         return app
 
-    def _run(self):
-        from aiohttp import web
-
-        asyncio.set_event_loop(self._loop)
-        runner = web.AppRunner(self._app())
-        self._loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
+    async def _closing(self) -> None:
         for ws in list(self.sockets):
-            self._loop.run_until_complete(ws.close())
-        self._loop.run_until_complete(runner.cleanup())
-
-    def start(self):
-        self._thread.start()
-        assert self._ready.wait(10), "frontend test server did not start"
-        return self
-
-    def stop(self):
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.port}/"
+            await ws.close()
 
 
 # ---------------------------------------------------------------------------------------------------- fixtures
@@ -309,13 +280,7 @@ def _frontend_static() -> pathlib.Path | str:
 @pytest.fixture(scope="module")
 def frontend():
     skip = os.environ.get("H3_SKIP_BROWSER") == "1"
-    missing = []
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        missing.append(f"Chromium ({CHROMIUM})")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing.append("the playwright Python package")
+    missing = missing_browser_parts()
     static = _frontend_static()
     if isinstance(static, str):
         missing.append(static)
@@ -326,6 +291,8 @@ def frontend():
         pytest.fail(msg, pytrace=False)
     server = FrontendServer(static).start()
     try:
+        from playwright.sync_api import sync_playwright
+
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
