@@ -10,7 +10,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:  # makes `comfy_h3_nodes` and `remote_worker` importable as top-level packages
     sys.path.insert(0, _HERE)
 
-from comfy_h3_nodes.engine.cluster import install_exit_hooks  # noqa: E402
+from comfy_h3_nodes.cluster.ray_cluster import install_exit_hooks  # noqa: E402
 from comfy_h3_nodes.host import register_routes  # noqa: E402
 from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
 

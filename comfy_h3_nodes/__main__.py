@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 
 VERBS = {
-    "run": ("comfy_h3_nodes.runner", "main_run"),
-    "demo": ("comfy_h3_nodes.runner", "main_demo"),
-    "cluster": ("comfy_h3_nodes.cli_cluster", "main"),
-    "bench": ("comfy_h3_nodes.bench", "main"),
+    "run": ("comfy_h3_nodes.tools.runner", "main_run"),
+    "demo": ("comfy_h3_nodes.tools.runner", "main_demo"),
+    "cluster": ("comfy_h3_nodes.cluster.cli", "main"),
+    "bench": ("comfy_h3_nodes.tools.bench.legacy", "main"),
 }
 
 

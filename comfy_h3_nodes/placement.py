@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from remote_worker.actor import dit_actor_class
 
-from .engine.actors import encoder_actor_class
-from .engine.executor import ActorClasses, use_actor_classes
+from .engine.a_side.actor import encoder_actor_class
+from .engine.executor.executor import ActorClasses, use_actor_classes
 
 ACTORS = use_actor_classes(ActorClasses(dit=dit_actor_class, encoder=encoder_actor_class))
 

@@ -19,15 +19,15 @@ from collections import deque
 
 import ray
 
-from comfy_h3_nodes.engine import actor_common as common
-from comfy_h3_nodes.engine import catalog, formats
-from comfy_h3_nodes.engine import split
-from comfy_h3_nodes.engine import wire
-from comfy_h3_nodes.engine.backends import resolve_attention_backend
-from comfy_h3_nodes.engine.timing import StageRecord
+from comfy_h3_nodes.engine import process as common
+from comfy_h3_nodes.engine.model import catalog, formats
+from comfy_h3_nodes.engine.model import split
+from comfy_h3_nodes.engine.contract import wire
+from comfy_h3_nodes.engine.model.backends import resolve_attention_backend
+from comfy_h3_nodes.engine.contract.timing import StageRecord
 
-from . import model_roots
-from .b_side import BSide, DenoiseCancelled
+from remote_worker import model_roots
+from remote_worker.b_side import BSide, DenoiseCancelled
 
 log = logging.getLogger("comfy_h3.B")
 

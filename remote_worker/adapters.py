@@ -18,7 +18,7 @@ import pathlib
 import time
 from dataclasses import dataclass
 
-from comfy_h3_nodes.engine.split import ModelFolderError
+from comfy_h3_nodes.engine.model.split import ModelFolderError
 
 #: Tensor-name fragments of other runtimes' checkpoints, and the runtime they belong to.
 FOREIGN_PATTERNS = (

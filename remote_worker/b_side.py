@@ -23,11 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from comfy_h3_nodes.engine import formats, memory_plan, split, split_decode, wire
-from comfy_h3_nodes.engine.backends import apply_attention_backend, resolve_attention_backend
-from comfy_h3_nodes.engine.profiling import maybe_profile
+from comfy_h3_nodes.engine.model import formats, memory_plan, split, split_decode
+from comfy_h3_nodes.engine.contract import wire
+from comfy_h3_nodes.engine.model.backends import apply_attention_backend, resolve_attention_backend
+from comfy_h3_nodes.engine.process_profiling import maybe_profile
 
-from .adapters import AdapterManager, AdapterSchedule, check_no_foreign_tensors
+from remote_worker.adapters import AdapterManager, AdapterSchedule, check_no_foreign_tensors
 
 
 class DenoiseCancelled(RuntimeError):

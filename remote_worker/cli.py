@@ -21,12 +21,12 @@ import sys
 import time
 from dataclasses import asdict
 
-from comfy_h3_nodes import ray_node as rn
+from comfy_h3_nodes.cluster import ray_node as rn
 
-from . import preflight as pf
+from remote_worker import preflight as pf
 
 DEFAULT_SERVICE = "/etc/systemd/system/comfy-h3-dit.service"
-PACK_ROOT = pathlib.Path(__file__).resolve().parents[1]
+from comfy_h3_nodes import PACK_ROOT
 
 
 def _die(msg: str, code: int = 1) -> int:
@@ -115,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def model_roots_of(args) -> list[str]:
-    from . import model_roots
+    from remote_worker import model_roots
 
     if args.model_root:
         return [str(model_roots.real(r)) for r in args.model_root]
@@ -128,7 +128,7 @@ def model_roots_of(args) -> list[str]:
 
 
 def options_of(args) -> pf.Options:
-    from comfy_h3_nodes.engine import catalog
+    from comfy_h3_nodes.engine.model import catalog
 
     args.tiny = getattr(args, "tiny", False) or catalog.is_tiny(args.model_path)
     if args.tiny:  # the pack's tiny random model, built in this machine's cache: try B without weights
@@ -157,7 +157,7 @@ def cmd_preflight(args) -> int:
 # ---------------------------------------------------------------------------------------------------------- setup
 def _runtime_env(extra: dict[str, str]) -> dict:
     """As the executor builds it: forwarded H3 variables and this checkout on PYTHONPATH."""
-    from comfy_h3_nodes.engine.actor_common import FORWARDED_ENV
+    from comfy_h3_nodes.engine.process import FORWARDED_ENV
 
     env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
     env.update(extra)
@@ -168,14 +168,14 @@ def _runtime_env(extra: dict[str, str]) -> dict:
 
 def _connect(head: str, namespace: str, token_file: str | None, node_ip: str) -> None:
     """Join as a driver on this node (token auth: ``main`` put the token into the environment before Ray loaded)."""
-    from comfy_h3_nodes.engine import cluster as cl
+    from comfy_h3_nodes.cluster import ray_cluster as cl
 
     cl.connect(head, namespace=namespace, token_file=str(rn.token_path(token_file)) if token_file else None,
                node_ip=node_ip, timeout=120.0)
 
 
 def _first_line(exc: BaseException) -> str:
-    from comfy_h3_nodes.engine.actor_common import unwrap_ray_error
+    from comfy_h3_nodes.engine.process import unwrap_ray_error
 
     inner = unwrap_ray_error(exc)
     text = str(inner).strip()
@@ -187,10 +187,10 @@ def _first_line(exc: BaseException) -> str:
 def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
     import ray
 
-    from comfy_h3_nodes.engine import cluster as cl
-    from comfy_h3_nodes.engine.executor import BConfig
+    from comfy_h3_nodes.cluster import ray_cluster as cl
+    from comfy_h3_nodes.engine.executor.executor import BConfig
 
-    from .actor import dit_actor_class
+    from remote_worker.actor import dit_actor_class
 
     try:
         existing = ray.get_actor(args.name, namespace=args.namespace)
@@ -230,7 +230,7 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
                          namespace=args.namespace, precision=args.precision))
     cfg["model_roots"] = list(roots)
     cfg["residency"], cfg["sources"] = args.residency, _sources_of(args)
-    from .model_roots import ENV as ROOTS_ENV
+    from remote_worker.model_roots import ENV as ROOTS_ENV
 
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -266,7 +266,7 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
 
 def _model_choice(args, model_dir: pathlib.Path) -> str:
     """What the actor config and the node name: ``tiny-random`` stays that name (each machine builds its own)."""
-    from comfy_h3_nodes.engine.catalog import TINY
+    from comfy_h3_nodes.engine.model.catalog import TINY
 
     return TINY if getattr(args, "tiny", False) else str(model_dir)
 
@@ -311,7 +311,7 @@ def cmd_setup(args) -> int:
             return _die(f"Ray processes of ours already use {temp_dir} ({rn.describe(running)[:200]}) but are not "
                         f"joined to {args.head} as {node_ip}.\n  fix: `python -m remote_worker stop` first")
     else:
-        from .model_roots import ENV as ROOTS_ENV
+        from remote_worker.model_roots import ENV as ROOTS_ENV
 
         ray_args = ["--address", args.head, "--node-ip-address", node_ip,
                     "--resources", json.dumps({"h3_role_b": 1000}),
@@ -335,7 +335,7 @@ def cmd_setup(args) -> int:
                          "partition": args.partition, "model_roots": roots, "started": time.time()})
     import ray
 
-    from comfy_h3_nodes.engine import cluster as cl
+    from comfy_h3_nodes.cluster import ray_cluster as cl
 
     try:
         _connect(args.head, args.namespace, args.token_file, node_ip)
@@ -345,7 +345,7 @@ def cmd_setup(args) -> int:
                                   f"node {node_ip}")
         actor, health = _start_actor(args, model_dir, roots, node_ip)
         if not args.no_warmup:
-            from . import warmup
+            from remote_worker import warmup
 
             w = warmup.run(actor, args.partition, int(health["text_dim"]), args.dtype, timeout=args.start_timeout)
             print(f"warm-up: {w['workflow']} {w['steps']} step(s) in {w['seconds']:.2f} s "
@@ -547,7 +547,7 @@ def cmd_stop(args) -> int:
 # ---------------------------------------------------------------------------------------------------------- service
 def setup_argv(args) -> list[str]:
     """The `setup` command line the service runs, with absolute paths."""
-    from comfy_h3_nodes.engine import catalog
+    from comfy_h3_nodes.engine.model import catalog
 
     model = catalog.TINY if catalog.is_tiny(args.model_path) else os.path.abspath(os.path.expanduser(args.model_path))
     out = ["setup", "--head", args.head, "--model-path", model]

@@ -18,8 +18,8 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 
-from comfy_h3_nodes import ray_node as rn
-from comfy_h3_nodes.engine.split import ModelFolderError
+from comfy_h3_nodes.cluster import ray_node as rn
+from comfy_h3_nodes.engine.model.split import ModelFolderError
 
 DEFAULT_OBJECT_STORE_MB = 2048
 MIN_FREE_DISK = 2 * 2**30
@@ -260,7 +260,7 @@ def _check_torch(opts: Options, res: Result) -> object:
 
 def _check_memory(opts: Options, res: Result, torch, need: int | None) -> None:
     """The memory plan B's actor will check before loading (same residency rule), with the object store kept free."""
-    from comfy_h3_nodes.engine import memory_plan as mp
+    from comfy_h3_nodes.engine.model import memory_plan as mp
 
     device = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
     store = opts.object_store_mb * 2**20
@@ -283,7 +283,7 @@ def _check_memory(opts: Options, res: Result, torch, need: int | None) -> None:
 
 
 def _check_attention(opts: Options, res: Result) -> None:
-    from comfy_h3_nodes.engine.backends import AttentionBackendError, resolve_attention_backend
+    from comfy_h3_nodes.engine.model.backends import AttentionBackendError, resolve_attention_backend
 
     try:
         backend = resolve_attention_backend(opts.attention_backend)
@@ -304,10 +304,10 @@ def _check_attention(opts: Options, res: Result) -> None:
 
 
 def _check_model(opts: Options, res: Result) -> int | None:
-    from comfy_h3_nodes.engine import formats
-    from comfy_h3_nodes.engine.split import PARTITIONS, SCHEDULERS, ModelFolderError, check_model_dir
+    from comfy_h3_nodes.engine.model import formats
+    from comfy_h3_nodes.engine.model.split import PARTITIONS, SCHEDULERS, ModelFolderError, check_model_dir
 
-    from . import model_roots
+    from remote_worker import model_roots
 
     need = None
     files = {k: v for k, v in (opts.sources or {}).items() if v}

@@ -15,8 +15,8 @@ WORKFLOW_OF = {"transformer": "t2va", "transformer_ref": "ref2va"}
 def payload(partition: str, text_dim: int, dtype: str = "bfloat16", request_id: str | None = None):
     import torch
 
-    from comfy_h3_nodes.engine import wire
-    from comfy_h3_nodes.engine.split import torch_dtype
+    from comfy_h3_nodes.engine.contract import wire
+    from comfy_h3_nodes.engine.model.split import torch_dtype
 
     workflow = WORKFLOW_OF[partition]
     tokens, h, w, frames = 8, 64, 64, 124  # 124 frames: the shortest clip MiniMax-H3 makes (5 s after 17n+5)

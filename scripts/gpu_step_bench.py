@@ -72,7 +72,7 @@ def build_checkpoint(args, out: pathlib.Path) -> tuple[pathlib.Path, int]:
     import torch
     from diffusers import MiniMaxH3Transformer3DModel
 
-    from comfy_h3_nodes.tiny_checkpoint import TINY_SIZES, build_tiny_checkpoint
+    from comfy_h3_nodes.engine.model.tiny import TINY_SIZES, build_tiny_checkpoint
 
     build_tiny_checkpoint(out, seed=0)
     torch.manual_seed(0)
@@ -145,7 +145,7 @@ def forwards(steps: int) -> int:
 def bench_b(ckpt, args, backend, device, lo, hi) -> dict:
     import torch
 
-    from comfy_h3_nodes.engine import wire
+    from comfy_h3_nodes.engine.contract import wire
     from remote_worker.b_side import BSide
 
     side = BSide(ckpt, partition="transformer", dtype=args.dtype, attention_backend=backend, device=device)
@@ -185,8 +185,8 @@ def bench_single(ckpt, args, backend, device, lo, hi) -> dict:
     import torch
     from diffusers.modular_pipelines import MiniMaxH3Blocks
 
-    from comfy_h3_nodes.engine.backends import apply_attention_backend, resolve_attention_backend
-    from comfy_h3_nodes.engine.compat import ensure_processor_compat
+    from comfy_h3_nodes.engine.model.backends import apply_attention_backend, resolve_attention_backend
+    from comfy_h3_nodes.engine.model.compat import ensure_processor_compat
 
     ensure_processor_compat()
     pipe = MiniMaxH3Blocks().get_workflow("t2va").init_pipeline(str(ckpt))
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     import torch
 
-    from comfy_h3_nodes.engine.backends import AttentionBackendError, resolve_attention_backend
+    from comfy_h3_nodes.engine.model.backends import AttentionBackendError, resolve_attention_backend
 
     device = "cpu" if args.cpu_dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():

@@ -16,7 +16,7 @@ PROMPT = "a small robot dances on a table while a piano plays"
 
 @pytest.fixture(scope="session")
 def tiny_ckpt(tmp_path_factory):
-    from comfy_h3_nodes.tiny_checkpoint import build_tiny_checkpoint
+    from comfy_h3_nodes.engine.model.tiny import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-h3", seed=0)
 
@@ -33,7 +33,7 @@ def media():
     """Deterministic keyframes, references and an audio clip at the tiny audio VAE's rate (160 Hz)."""
     from PIL import Image
 
-    from comfy_h3_nodes.engine.request import AudioClip
+    from comfy_h3_nodes.engine.contract.request import AudioClip
 
     rng = np.random.default_rng(1234)
     return {
@@ -48,7 +48,7 @@ def workflow_request(workflow: str, media, **kw):
     """An H3Request of the workflow, plus the matching kwargs of diffusers' single-process pipeline."""
     from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3AudioReference, MiniMaxH3ImageReference
 
-    from comfy_h3_nodes.engine.request import H3Request
+    from comfy_h3_nodes.engine.contract.request import H3Request
     import torch
 
     base = dict(prompt=PROMPT, height=64, width=64, num_frames=124, steps=3, seed=7)
@@ -76,7 +76,7 @@ def single_process_reference(ckpt, workflow: str, media, dtype: str = "float32",
     import torch
     from diffusers.modular_pipelines import MiniMaxH3Blocks
 
-    from comfy_h3_nodes.engine.compat import ensure_processor_compat
+    from comfy_h3_nodes.engine.model.compat import ensure_processor_compat
 
     ensure_processor_compat()
     req, extra = workflow_request(workflow, media, **kw)
@@ -120,7 +120,7 @@ def wait_store_empty(timeout: float = 15.0) -> int:
 def ray_cluster():
     """A real two-node Ray cluster (A at 127.0.0.2, B at 127.0.0.3), one per session."""
     import comfy_h3_nodes.placement  # noqa: F401 - the composition root: registers the actor classes executors place
-    from comfy_h3_nodes.engine.cluster import EmbeddedCluster
+    from comfy_h3_nodes.cluster.ray_cluster import EmbeddedCluster
 
     cluster = EmbeddedCluster(object_store_mb=256, num_cpus=4,
                               system_config={"health_check_period_ms": 1000, "health_check_failure_threshold": 2})
@@ -134,7 +134,7 @@ def local_host(ray_cluster):
     """This process as ComfyUI's A: joined to the session cluster as its ``local`` one, with a fresh local host
     (events, interrupt flag, output folder) for the module."""
     from comfy_h3_nodes.engine import session
-    from comfy_h3_nodes.host import LocalHost, set_host
+    from comfy_h3_nodes.host.adapter import LocalHost, set_host
 
     session.adopt_cluster(ray_cluster.address)
     h = LocalHost()
@@ -146,7 +146,7 @@ def local_host(ray_cluster):
 def executor(ray_cluster, tiny_ckpt):
     """Resident A and B actors on the session cluster (fp32, one CPU thread each, short timeouts)."""
     from comfy_h3_nodes import placement
-    from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from comfy_h3_nodes.engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
 
     ex = H3Executor(SideConfig(str(tiny_ckpt), dtype="float32", threads=1),
                     BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_test"),

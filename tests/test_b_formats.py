@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_h3_nodes.engine import memory_plan as mp
+from comfy_h3_nodes.engine.model import memory_plan as mp
 from conftest import single_process_reference, workflow_request
 
 LOSSY_TOL = 0.1
@@ -27,7 +27,7 @@ def _gguf(ckpt):
 
 @pytest.fixture(scope="module")
 def a_bf16(tiny_ckpt):
-    from comfy_h3_nodes.engine.a_side import ASide
+    from comfy_h3_nodes.engine.a_side.side import ASide
 
     return ASide(tiny_ckpt, dtype="bfloat16")
 
@@ -134,7 +134,7 @@ def test_plan_allowing_one_partition_keeps_the_swap(tiny_ckpt, encoded):
 
 
 def test_plan_too_big_is_refused_before_loading(tiny_ckpt, monkeypatch):
-    from comfy_h3_nodes.engine import split
+    from comfy_h3_nodes.engine.model import split
     from remote_worker.b_side import BSide
 
     def no_load(*a, **k):
@@ -150,7 +150,7 @@ def test_plan_too_big_is_refused_before_loading(tiny_ckpt, monkeypatch):
     assert re.search(r"transformer [\d.]+ KiB \+ working [\d.]+ [KM]iB = [\d.]+ [KM]iB > [\d.]+ KiB free on B \(limit", msg)
     assert "no precision or residency of these files fits" in msg
     # bf16 for both does not fit, fp8 for both does: the refusal names it
-    from comfy_h3_nodes.engine import formats
+    from comfy_h3_nodes.engine.model import formats
 
     srcs = {p: formats.detect(tiny_ckpt, p) for p in ("transformer", "transformer_ref")}
     canvas = mp.default_canvas(tiny_ckpt)
@@ -174,7 +174,7 @@ def test_precision_must_suit_the_file(tiny_ckpt):
 
 
 def test_refused_sources_never_load(tiny_ckpt, tmp_path):
-    from comfy_h3_nodes.engine import formats
+    from comfy_h3_nodes.engine.model import formats
     from remote_worker.b_side import BSide
 
     with pytest.raises(formats.FormatError, match="is not a MiniMax-H3 transformer"):

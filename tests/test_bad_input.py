@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from comfy_h3_nodes.engine import wire
-from comfy_h3_nodes.engine.split import A_COMPONENTS, ModelFolderError, check_model_dir
+from comfy_h3_nodes.engine.contract import wire
+from comfy_h3_nodes.engine.model.split import A_COMPONENTS, ModelFolderError, check_model_dir
 from conftest import PROMPT, workflow_request
 
 
@@ -72,7 +72,7 @@ def test_bad_latents_refused_by_a_which_stays_healthy(executor, media):
 
 
 def test_bad_requests_through_executor_then_good_one(executor, media):
-    from comfy_h3_nodes.engine.request import H3Request, RequestError
+    from comfy_h3_nodes.engine.contract.request import H3Request, RequestError
 
     bad = [
         (H3Request(prompt=PROMPT, height=64, width=320), "aspect ratio"),
@@ -104,7 +104,7 @@ def test_missing_folder_and_component_are_named(tiny_ckpt, tmp_path):
 
 
 def test_a_side_refuses_folder_missing_a_component(tiny_ckpt, tmp_path):
-    from comfy_h3_nodes.engine.a_side import ASide
+    from comfy_h3_nodes.engine.a_side.side import ASide
 
     broken = tmp_path / "no_audio_vae"
     shutil.copytree(tiny_ckpt, broken)
@@ -125,7 +125,7 @@ def test_corrupt_component_weights_named(tiny_ckpt, tmp_path):
 
 
 def test_unknown_attention_backend_and_missing_flash(tiny_ckpt):
-    from comfy_h3_nodes.engine.backends import AttentionBackendError, resolve_attention_backend
+    from comfy_h3_nodes.engine.model.backends import AttentionBackendError, resolve_attention_backend
 
     with pytest.raises(AttentionBackendError, match="'flash_hub' downloads its kernels"):
         resolve_attention_backend("flash_hub")

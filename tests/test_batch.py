@@ -11,10 +11,10 @@ import pathlib
 import numpy as np
 import pytest
 
-from comfy_h3_nodes import nodes as N
-from comfy_h3_nodes import runner
+from comfy_h3_nodes.nodes import all as N
+from comfy_h3_nodes.tools import runner
 from comfy_h3_nodes.engine import session
-from comfy_h3_nodes.engine.request import RequestError
+from comfy_h3_nodes.engine.contract.request import RequestError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROMPTS = ["a red fox in the snow", "a lighthouse at dusk", "a saxophone in the rain"]
@@ -38,7 +38,7 @@ def test_prompt_list_lines_and_seed_modes():
 @pytest.fixture(scope="module")
 def batch_b(local_host, tiny_ckpt):
     """A in this process (as in ComfyUI) and a B whose denoise takes DENOISE_S longer than its real work."""
-    from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from comfy_h3_nodes.engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
 
     enc, _ = session.encoders(str(tiny_ckpt), "float32", "sdpa")
     ex = H3Executor(SideConfig(""), BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_batch",
@@ -58,7 +58,7 @@ def _run_batch(enc, ex, prompts, seeds, steps=3, max_in_flight=2):
 
 
 def test_batch_is_bit_identical_to_single_runs_and_overlaps_a_and_b(batch_b, executor, local_host):
-    from comfy_h3_nodes.engine.request import H3Request
+    from comfy_h3_nodes.engine.contract.request import H3Request
 
     enc, ex = batch_b
     start = len(local_host.events)
@@ -109,7 +109,7 @@ def test_a_bad_prompt_is_refused_before_anything_runs(batch_b, local_host):
 def test_interrupt_cancels_every_request_in_flight(batch_b, local_host):
     import ray
 
-    from comfy_h3_nodes.engine.executor import H3Cancelled
+    from comfy_h3_nodes.engine.executor.executor import H3Cancelled
 
     enc, ex = batch_b
     seen = []
@@ -135,7 +135,7 @@ def test_interrupt_cancels_every_request_in_flight(batch_b, local_host):
 
 
 def test_a_failed_request_is_named_and_finished_videos_are_saved(batch_b, local_host, tmp_path):
-    from comfy_h3_nodes.engine.executor import H3Error
+    from comfy_h3_nodes.engine.executor.executor import H3Error
 
     enc, ex = batch_b
     local_host.set_output_dir(tmp_path)
@@ -183,7 +183,7 @@ def test_batch_example_through_the_runner(local_host, tiny_ckpt, tmp_path):
 def test_bench_batch_quick_json(local_host, capsys):
     """``bench batch --quick --json``: the last line carries exactly the issue's keys, and the batch beat one graph
     run per prompt (three prompts of B-bound work)."""
-    from comfy_h3_nodes import bench
+    from comfy_h3_nodes.tools.bench import legacy as bench
 
     assert bench.main(["batch", "--quick", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

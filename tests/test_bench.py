@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_h3_nodes import bench
-from comfy_h3_nodes.engine import wire
+from comfy_h3_nodes.tools.bench import legacy as bench
+from comfy_h3_nodes.engine.contract import wire
 
 SHAPE_BYTES = {
     "t2va 832x480x124 A->B": 256 * 5120 * 2 + 256 * 8,

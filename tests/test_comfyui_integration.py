@@ -203,7 +203,7 @@ def _wait_ready(server: ComfyUI) -> None:
 
 # ------------------------------------------------------------------------------------------------ HTTP + ws
 def _prompt(model_path, steps: int = 3, width: int = 64, height: int = 64, seed: int = 42):
-    from comfy_h3_nodes.runner import load_workflow
+    from comfy_h3_nodes.tools.runner import load_workflow
 
     api, ui = load_workflow(WORKFLOW)
     for nid in ("1", "2"):
@@ -312,7 +312,7 @@ def _of(messages, kind, pid=None):
 
 # ------------------------------------------------------------------------------------------------ tests
 def test_pack_loads_with_nodes_web_files_and_routes(comfyui):
-    from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+    from comfy_h3_nodes.nodes.all import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 
     log = comfyui.log.read_text(errors="replace")
     assert "IMPORT FAILED" not in log, comfyui.log_tail()
@@ -357,7 +357,7 @@ def test_pack_loads_with_nodes_web_files_and_routes(comfyui):
 # ------------------------------------------------------------------------------------------------ templates
 def _template(name: str) -> tuple[dict, dict]:
     """A shipped template as ``(api prompt, UI workflow)``, exactly as in example_workflows/."""
-    from comfy_h3_nodes.runner import load_workflow
+    from comfy_h3_nodes.tools.runner import load_workflow
 
     api, ui = load_workflow(EXAMPLES / f"{name}.json")
     assert ui is not None, f"{name} is not a UI-format workflow"
@@ -366,8 +366,8 @@ def _template(name: str) -> tuple[dict, dict]:
 
 def _with_tiny(api: dict, ui: dict) -> tuple[dict, dict]:
     """The template with the pickers a newcomer changes (``PICKERS``), in the prompt and in the saved workflow."""
-    from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
-    from comfy_h3_nodes.runner import widget_names
+    from comfy_h3_nodes.nodes.all import NODE_CLASS_MAPPINGS
+    from comfy_h3_nodes.tools.runner import widget_names
 
     api, ui = copy.deepcopy(api), copy.deepcopy(ui)
     for node in api.values():
@@ -416,7 +416,7 @@ def test_template_as_shipped_is_refused_once_with_the_tiny_random_hint(comfyui, 
 
 def _requests_of(api: dict) -> int:
     """How many requests (videos) one run of the template makes: the lines of an H3PromptList, else one."""
-    from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
+    from comfy_h3_nodes.nodes.all import NODE_CLASS_MAPPINGS
 
     lists = _ids(api, "H3PromptList")
     if not lists:

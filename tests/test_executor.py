@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_h3_nodes.engine.cluster import ROLE_A, ROLE_B, ClusterError, NodeInfo, validate_topology
-from comfy_h3_nodes.engine.executor import H3Cancelled
-from comfy_h3_nodes.engine.request import H3Request
+from comfy_h3_nodes.cluster.ray_cluster import ROLE_A, ROLE_B, ClusterError, NodeInfo, validate_topology
+from comfy_h3_nodes.engine.executor.executor import H3Cancelled
+from comfy_h3_nodes.engine.contract.request import H3Request
 from conftest import wait_store_empty, PROMPT, single_process_reference, workflow_request
 
 
@@ -203,7 +203,7 @@ def test_cancel_before_b_starts(executor, media):
 
 
 def test_bad_request_fails_fast_and_actors_survive(executor, media):
-    from comfy_h3_nodes.engine.request import RequestError
+    from comfy_h3_nodes.engine.contract.request import RequestError
 
     with pytest.raises(RequestError, match="height 500 is not a multiple of 32"):
         executor.generate(H3Request(prompt=PROMPT, height=500, width=64))
@@ -213,7 +213,7 @@ def test_bad_request_fails_fast_and_actors_survive(executor, media):
 @pytest.fixture(scope="module")
 def local_executor(executor, tiny_ckpt):
     """A in this process (as inside ComfyUI), the same resident B actor as the session executor."""
-    from comfy_h3_nodes.engine.executor import H3Executor, SideConfig
+    from comfy_h3_nodes.engine.executor.executor import H3Executor, SideConfig
 
     ex = H3Executor(SideConfig(str(tiny_ckpt), dtype="float32"), executor.b_config, a_mode="local",
                     timeouts=executor.timeouts)
@@ -241,7 +241,7 @@ def test_profiling_env_reaches_both_actors(ray_cluster, tiny_ckpt, tmp_path, med
     """H3_PROFILE is forwarded to the actors before their imports and yields Chrome traces of every stage."""
     import json
 
-    from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from comfy_h3_nodes.engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
 
     ex = H3Executor(SideConfig(str(tiny_ckpt), dtype="float32", threads=1),
                     BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_profiled"),

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from comfy_h3_nodes.engine.executor import H3Cancelled, H3Error
+from comfy_h3_nodes.engine.executor.executor import H3Cancelled, H3Error
 from conftest import wait_store_empty, workflow_request
 
 DEATH_BOUND_S = 10.0

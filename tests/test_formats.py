@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from comfy_h3_nodes.engine import formats
+from comfy_h3_nodes.engine.model import formats
 
 
 def test_tiny_fixtures_exist_in_every_format(tiny_ckpt):
@@ -65,7 +65,7 @@ def test_shipped_config_is_the_released_model():
     cfg = json.loads((formats.SHIPPED_CONFIG_ROOT / "transformer" / "config.json").read_text())
     ref = json.loads((formats.SHIPPED_CONFIG_ROOT / "transformer_ref" / "config.json").read_text())
     assert cfg == ref and cfg["num_layers"] == 50 and cfg["hidden_size"] == 5376 and cfg["text_dim"] == 5120
-    from comfy_h3_nodes.engine import memory_plan
+    from comfy_h3_nodes.engine.model import memory_plan
 
     model = memory_plan.skeleton(cfg)
     n = sum(p.numel() for p in model.parameters())
@@ -79,7 +79,7 @@ def test_single_file_without_a_folder_uses_the_shipped_config(tiny_ckpt, tmp_pat
     assert src.config_root == formats.SHIPPED_CONFIG_ROOT and src.subfolder == "transformer_ref"
     # the tiny file is not the released size: the key check says so before any load
     with pytest.raises(formats.FormatError, match="does not match the transformer config"):
-        from comfy_h3_nodes.engine import memory_plan
+        from comfy_h3_nodes.engine.model import memory_plan
 
         memory_plan.transformer_bytes(src, "bf16")
 
@@ -139,7 +139,7 @@ def test_refuses_foreign_files(tiny_ckpt, rel, what):
 
 
 def test_refuses_lora_and_other_layouts(tmp_path, tiny_ckpt):
-    from comfy_h3_nodes.tiny_checkpoint import build_tiny_lora
+    from comfy_h3_nodes.engine.model.tiny import build_tiny_lora
 
     lora = build_tiny_lora(tmp_path / "turbo.safetensors")
     with pytest.raises(formats.FormatError, match="LoRA adapter"):
@@ -163,7 +163,7 @@ def test_refuses_a_mismatched_file_before_loading(tmp_path, tiny_ckpt):
     state["blocks.0.extra.weight"] = torch.zeros(2, 2)
     f = tmp_path / "broken.safetensors"
     save_file(state, str(f))
-    from comfy_h3_nodes.engine import memory_plan
+    from comfy_h3_nodes.engine.model import memory_plan
 
     src = formats.detect(f, model_dir=tiny_ckpt)
     with pytest.raises(formats.FormatError, match=r"1 missing .*blocks.0.ff.net.2.weight.*1 unexpected"):
@@ -174,7 +174,7 @@ def test_q6_k_quantizer_round_trips():
     """The K-quant writer of the fixtures produces blocks gguf's own dequantizer reads back closely."""
     import gguf
 
-    from comfy_h3_nodes.tiny_checkpoint import quantize_q6_k
+    from comfy_h3_nodes.engine.model.tiny import quantize_q6_k
 
     x = np.random.default_rng(0).standard_normal((8, 512)).astype(np.float32)
     q = quantize_q6_k(x).reshape(8, -1)
@@ -185,8 +185,8 @@ def test_q6_k_quantizer_round_trips():
 
 
 def test_catalog_lists_h3_transformer_files_by_their_keys(tiny_ckpt, tmp_path):
-    from comfy_h3_nodes.engine import catalog
-    from comfy_h3_nodes.tiny_checkpoint import build_tiny_lora
+    from comfy_h3_nodes.engine.model import catalog
+    from comfy_h3_nodes.engine.model.tiny import build_tiny_lora
 
     root = tmp_path / "models"
     (root / "diffusion_models").mkdir(parents=True)

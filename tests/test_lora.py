@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_h3_nodes.engine.request import H3Request
-from comfy_h3_nodes.tiny_checkpoint import build_tiny_checkpoint, build_tiny_lora
+from comfy_h3_nodes.engine.contract.request import H3Request
+from comfy_h3_nodes.engine.model.tiny import build_tiny_checkpoint, build_tiny_lora
 from conftest import PROMPT
 
 
@@ -34,7 +34,7 @@ def _reference(ckpt, adapters=(), seed=7, steps=3, shift=None):
     """diffusers' single-process pipeline with the adapters loaded by its own LoRA loader."""
     from diffusers.modular_pipelines import MiniMaxH3Blocks
 
-    from comfy_h3_nodes.engine.compat import ensure_processor_compat
+    from comfy_h3_nodes.engine.model.compat import ensure_processor_compat
 
     ensure_processor_compat()
     pipe = MiniMaxH3Blocks().get_workflow("t2va").init_pipeline(str(ckpt))
@@ -87,7 +87,7 @@ def test_adapter_sidecar_sets_the_schedule(executor, tiny_ckpt, loras):
 def test_adapter_that_does_not_fit_is_refused_and_b_keeps_serving(executor, tmp_path, loras):
     from safetensors.torch import load_file, save_file
 
-    from comfy_h3_nodes.engine.executor import H3Error
+    from comfy_h3_nodes.engine.executor.executor import H3Error
 
     state = load_file(str(loras["plain"]))
     bad = {k.replace("attn.to_q", "attn.to_gate_compress"): v for k, v in state.items()}
@@ -104,7 +104,7 @@ def test_adapter_that_does_not_fit_is_refused_and_b_keeps_serving(executor, tmp_
 
 
 def test_request_refuses_bad_adapter_values():
-    from comfy_h3_nodes.engine.request import RequestError, validate_request
+    from comfy_h3_nodes.engine.contract.request import RequestError, validate_request
 
     with pytest.raises(RequestError, match="not a .safetensors file"):
         validate_request(_request(adapters=[("/models/x.ckpt", 1.0)]))
@@ -115,7 +115,7 @@ def test_request_refuses_bad_adapter_values():
 def test_foreign_checkpoint_refused_with_its_tensors_named(tiny_ckpt, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from comfy_h3_nodes.engine.split import ModelFolderError
+    from comfy_h3_nodes.engine.model.split import ModelFolderError
     from remote_worker.b_side import BSide
 
     folder = tmp_path / "sparse"
@@ -131,7 +131,7 @@ def test_foreign_checkpoint_refused_with_its_tensors_named(tiny_ckpt, tmp_path):
 
 
 def test_distilled_checkpoint_loads_like_the_base(tmp_path, media):
-    from comfy_h3_nodes.engine.a_side import ASide
+    from comfy_h3_nodes.engine.a_side.side import ASide
     from remote_worker.b_side import BSide
 
     base = build_tiny_checkpoint(tmp_path / "base", seed=0)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from comfy_h3_nodes.engine import memory_plan as mp
-from comfy_h3_nodes.engine import split
+from comfy_h3_nodes.engine.model import memory_plan as mp
+from comfy_h3_nodes.engine.model import split
 
 GIB = 2**30
 SPARK = 121 * GIB  # about what a DGX Spark has usable (shared/design.md section 8)
@@ -65,7 +65,7 @@ def test_available_memory_sources(monkeypatch):
 
 
 def test_a_plan_predicts_what_a_holds_and_refuses(tiny_ckpt):
-    from comfy_h3_nodes.engine.a_side import ASide
+    from comfy_h3_nodes.engine.a_side.side import ASide
 
     a = ASide(tiny_ckpt, dtype="bfloat16")
     planned = {c.name: c.bytes for c in a.memory_plan.components}
@@ -81,7 +81,7 @@ def test_a_plan_predicts_what_a_holds_and_refuses(tiny_ckpt):
 
 def test_bench_memory_through_the_actor(ray_cluster, tiny_ckpt, capsys):
     """``bench memory --json``: B's actor measures exactly what the plan predicted, in all three plans."""
-    from comfy_h3_nodes import bench
+    from comfy_h3_nodes.tools.bench import legacy as bench
 
     assert bench.main(["memory", "--json", "--ckpt", str(tiny_ckpt)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -101,9 +101,9 @@ def test_actor_refuses_a_plan_that_does_not_fit(ray_cluster, tiny_ckpt):
 
     import ray
 
-    from comfy_h3_nodes.bench import _runtime_env
-    from comfy_h3_nodes.engine import cluster as cl
-    from comfy_h3_nodes.engine.executor import BConfig
+    from comfy_h3_nodes.tools.bench.legacy import _runtime_env
+    from comfy_h3_nodes.cluster import ray_cluster as cl
+    from comfy_h3_nodes.engine.executor.executor import BConfig
     from remote_worker.actor import dit_actor_class
 
     cfg = dataclasses.asdict(BConfig(str(tiny_ckpt), dtype="bfloat16", threads=1, precision="fp8",

@@ -13,9 +13,9 @@ import av
 import numpy as np
 import pytest
 
-from comfy_h3_nodes import runner
+from comfy_h3_nodes.tools import runner
 from comfy_h3_nodes.engine import session
-from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
+from comfy_h3_nodes.nodes.all import NODE_CLASS_MAPPINGS
 from conftest import PROMPT
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def runs(local_host, tiny_ckpt, tmp_path_factory):
         if path.stem == "h3_ref2va":
             sets.append('10.audio="h3_voice_160hz.wav"')  # the tiny audio VAE's rate (no torchaudio in CI)
         if path.stem == "h3_t2va_turbo":
-            from comfy_h3_nodes.tiny_checkpoint import build_tiny_lora
+            from comfy_h3_nodes.engine.model.tiny import build_tiny_lora
 
             lora = build_tiny_lora(tmp_path_factory.mktemp("lora") / "turbo4.safetensors", seed=3, steps=4, shift=5.0)
             sets += [f"11.lora_path={json.dumps(str(lora))}", "5.steps=4"]
@@ -134,8 +134,8 @@ def test_every_h3_node_reports_timing(runs, name):
 
 
 def test_node_frames_equal_engine_frames(local_host, executor, tiny_ckpt, media):
-    from comfy_h3_nodes import nodes as N
-    from comfy_h3_nodes.engine.request import H3Request
+    from comfy_h3_nodes.nodes import all as N
+    from comfy_h3_nodes.engine.contract.request import H3Request
 
     encoders = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa", unique_id="1")["result"][0]
     dit = N.H3RemoteDiT().connect("local", executor.b_config.name, executor.b_config.namespace, str(tiny_ckpt),
@@ -151,8 +151,8 @@ def test_node_frames_equal_engine_frames(local_host, executor, tiny_ckpt, media)
 def test_interrupt_during_denoise_stops_b_and_next_run_works(local_host, executor, tiny_ckpt):
     import ray
 
-    from comfy_h3_nodes import nodes as N
-    from comfy_h3_nodes.engine.executor import H3Cancelled
+    from comfy_h3_nodes.nodes import all as N
+    from comfy_h3_nodes.engine.executor.executor import H3Cancelled
 
     encoders = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa")["result"][0]
     dit = N.H3RemoteDiT().connect("local", executor.b_config.name, executor.b_config.namespace, str(tiny_ckpt),
@@ -213,8 +213,8 @@ def test_cli_run_reports_bad_workflow_clearly(tmp_path):
 
 
 def test_validate_inputs_messages():
-    from comfy_h3_nodes.engine.request import RequestError, check_cluster_address
-    from comfy_h3_nodes.nodes import H3LoRA, H3RemoteDenoise, H3RemoteDiT, H3TextEncode
+    from comfy_h3_nodes.engine.contract.request import RequestError, check_cluster_address
+    from comfy_h3_nodes.nodes.all import H3LoRA, H3RemoteDenoise, H3RemoteDiT, H3TextEncode
 
     assert H3TextEncode.VALIDATE_INPUTS(width=832, height=480) is True
     assert "nearest valid: 832 or 864" in H3TextEncode.VALIDATE_INPUTS(width=840, height=480)
@@ -262,7 +262,7 @@ def test_status_and_timings_routes(local_host, executor, runs):
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
 
-    from comfy_h3_nodes.routes import add_routes
+    from comfy_h3_nodes.host.routes import add_routes
 
     async def go():
         app = web.Application()
@@ -286,7 +286,7 @@ def test_remote_dit_node_recovers_when_its_b_actor_is_gone(local_host, tiny_ckpt
     """H3RemoteDiT re-checks health on every run; a B actor that vanished is found or recreated, no restart."""
     import ray
 
-    from comfy_h3_nodes import nodes as N
+    from comfy_h3_nodes.nodes import all as N
 
     args = ("local", "h3_dit_reconnect", "comfy_h3", str(tiny_ckpt), "transformer", "float32", "sdpa")
     first = N.H3RemoteDiT().connect(*args)["result"][0]

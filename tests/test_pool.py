@@ -20,7 +20,7 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from comfy_h3_nodes.engine import pool as pl
+from comfy_h3_nodes.engine.executor import pool as pl
 from conftest import workflow_request
 
 B1_IP, B2_IP = "127.0.0.3", "127.0.0.4"
@@ -81,7 +81,7 @@ def test_pool_setup_joins_beside_other_b_nodes():
 
 # ---------------------------------------------------------------------------------------------------- three nodes
 def _node_id(ip: str) -> str:
-    from comfy_h3_nodes.engine import cluster as cl
+    from comfy_h3_nodes.cluster import ray_cluster as cl
 
     return next(n.node_id for n in cl.list_nodes() if n.alive and n.ip == ip)
 
@@ -92,8 +92,8 @@ def start_worker(name: str, ip: str, ckpt, **extra):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from comfy_h3_nodes import placement
-    from comfy_h3_nodes.engine import cluster as cl
-    from comfy_h3_nodes.engine.executor import BConfig
+    from comfy_h3_nodes.cluster import ray_cluster as cl
+    from comfy_h3_nodes.engine.executor.executor import BConfig
 
     cfg = asdict(BConfig(str(ckpt), dtype="float32", threads=1, name=name, max_restarts=0, **extra))
     cfg["residency"] = "one"
@@ -140,14 +140,14 @@ def workers(b2_node, tiny_ckpt):
 
 @pytest.fixture(scope="module")
 def a_side(tiny_ckpt):
-    from comfy_h3_nodes.engine.a_side import ASide
+    from comfy_h3_nodes.engine.a_side.side import ASide
 
     return ASide(str(tiny_ckpt), dtype="float32")
 
 
 def make_executor(spec, tiny_ckpt, a_side):
     from comfy_h3_nodes import placement
-    from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from comfy_h3_nodes.engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
 
     ex = H3Executor(SideConfig(""), BConfig(str(tiny_ckpt), dtype="float32", threads=1, name=spec),
                     a_mode="local", local_a=a_side, actors=placement.ACTORS,
@@ -181,9 +181,9 @@ def test_pool_finds_every_matching_worker(pool_ex, workers):
 
 def test_pool_node_connects_to_every_worker(pool_ex, workers, ray_cluster, tiny_ckpt):
     """H3RemoteDiT with a prefix spec: one connection that shows every worker it matched."""
-    from comfy_h3_nodes import nodes
+    from comfy_h3_nodes.nodes import all as nodes
     from comfy_h3_nodes.engine import session
-    from comfy_h3_nodes.host import LocalHost, set_host
+    from comfy_h3_nodes.host.adapter import LocalHost, set_host
 
     session.adopt_cluster(ray_cluster.address)
     set_host(LocalHost())
@@ -304,7 +304,7 @@ def test_pool_two_drivers_share_the_workers(pool_ex, workers, ray_cluster, tiny_
 
 def test_pool_bench_two_workers_beat_one(b2_node, tiny_ckpt):
     """``bench pool`` on the session's three nodes, shortened: its JSON line and a clear gain from the second worker."""
-    from comfy_h3_nodes.bench_pool import main_json, run_pool
+    from comfy_h3_nodes.tools.bench.pool import main_json, run_pool
 
     res = run_pool(4, {"encode": 0.02, "denoise": 0.5, "decode": 0.02}, max_in_flight=4, ckpt=tiny_ckpt,
                    log=lambda s: None)
@@ -360,7 +360,7 @@ def test_pool_no_worker_left_says_so_within_10s(pool_ex, workers, b2_node, ray_c
     """The last worker leaves mid-request (its machine's Ray node goes): one clear error within 10 s."""
     import threading
 
-    from comfy_h3_nodes.engine.executor import H3Error
+    from comfy_h3_nodes.engine.executor.executor import H3Error
 
     assert [w.name for w in pool_ex.pool.refresh()] == ["h3_pool_b2"]  # B1 was killed above
     gone = []

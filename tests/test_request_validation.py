@@ -5,17 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from comfy_h3_nodes.engine.request import (
-    MAX_SEED,
-    AudioClip,
-    H3Request,
-    RequestError,
-    ValidRequest,
-    check_frames,
-    snap_frames,
-    valid_frame_range,
-    validate_request,
-)
+from comfy_h3_nodes.engine.contract.request import MAX_SEED, AudioClip, H3Request, RequestError, ValidRequest, check_frames, snap_frames, valid_frame_range, validate_request
 
 
 # ----------------------------------------------------------------------------------------------- media helpers

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from comfy_h3_nodes import ray_node as rn
+from comfy_h3_nodes.cluster import ray_node as rn
 from remote_worker import cli, model_roots
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -178,7 +178,7 @@ def test_status_against_a_missing_cluster_fails_fast(tmp_path):
 
 
 def test_cluster_cli_versions_and_bad_iface(capsys):
-    from comfy_h3_nodes import cli_cluster
+    from comfy_h3_nodes.cluster import cli as cli_cluster
 
     assert cli_cluster.main(["versions"]) == 0
     v = json.loads(capsys.readouterr().out)

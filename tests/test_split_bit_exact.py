@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_h3_nodes.engine import wire
+from comfy_h3_nodes.engine.contract import wire
 from conftest import single_process_reference, workflow_request
 
 WORKFLOWS = ("t2va", "fl2va", "ref2va")
@@ -16,7 +16,7 @@ WORKFLOWS = ("t2va", "fl2va", "ref2va")
 
 @pytest.fixture(scope="module")
 def sides(tiny_ckpt):
-    from comfy_h3_nodes.engine.a_side import ASide
+    from comfy_h3_nodes.engine.a_side.side import ASide
     from remote_worker.b_side import BSide
 
     return ASide(tiny_ckpt, dtype="float32"), BSide(tiny_ckpt, dtype="float32")
@@ -48,7 +48,7 @@ def test_split_bit_exact(sides, tiny_ckpt, media, workflow):
 
 
 def test_split_bit_exact_bf16(tiny_ckpt, media):
-    from comfy_h3_nodes.engine.a_side import ASide
+    from comfy_h3_nodes.engine.a_side.side import ASide
     from remote_worker.b_side import BSide
 
     a, b = ASide(tiny_ckpt, dtype="bfloat16"), BSide(tiny_ckpt, dtype="bfloat16")
@@ -99,7 +99,7 @@ def test_b_cancel_between_steps(sides, media):
 
 
 def test_b_swaps_partition_and_records_it(tiny_ckpt, media):
-    from comfy_h3_nodes.engine.a_side import ASide
+    from comfy_h3_nodes.engine.a_side.side import ASide
     from remote_worker.b_side import BSide
 
     # residency "one": the tiny model's plan would keep both partitions resident (no swap at all)

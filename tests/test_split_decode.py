@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_h3_nodes.engine import split_decode as sd
-from comfy_h3_nodes.engine import wire
+from comfy_h3_nodes.engine.model import split_decode as sd
+from comfy_h3_nodes.engine.contract import wire
 from conftest import single_process_reference, workflow_request
 
 
@@ -28,7 +28,7 @@ def _latents(frames: int, height: int = 64, width: int = 96, seed: int = 0) -> w
 
 @pytest.fixture(scope="module")
 def a_side(tiny_ckpt):
-    from comfy_h3_nodes.engine.a_side import ASide
+    from comfy_h3_nodes.engine.a_side.side import ASide
 
     return ASide(str(tiny_ckpt), dtype="float32")
 
@@ -187,7 +187,7 @@ def local_split(ray_cluster, tiny_ckpt, a_side):
     it can be killed or cancelled during its share."""
     import ray
 
-    from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from comfy_h3_nodes.engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
 
     ex = H3Executor(SideConfig(""), BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_split_test",
                                             max_restarts=0, synthetic_stages={"decode_share": 2.0}),
@@ -210,7 +210,7 @@ def _denoised(ex, a_side, media, seed):
 
 def test_split_decode_node_path_bit_exact(local_split, a_side, tiny_ckpt, media):
     """ComfyUI's H3Decode: the DiT that denoised the request splits its decode (A+B), frames as diffusers'."""
-    from comfy_h3_nodes import nodes as N
+    from comfy_h3_nodes.nodes import all as N
 
     den, latents = _denoised(local_split, a_side, media, seed=7)
     out = N.H3Decode().decode(a_side, N.Latents(latents, den.records), decode_on="A+B", unique_id="6")
@@ -230,7 +230,7 @@ def test_split_decode_node_path_bit_exact(local_split, a_side, tiny_ckpt, media)
 def test_split_decode_cancel_stops_both_sides(local_split, a_side, media):
     import ray
 
-    from comfy_h3_nodes.engine.executor import H3Cancelled
+    from comfy_h3_nodes.engine.executor.executor import H3Cancelled
 
     den, latents = _denoised(local_split, a_side, media, seed=41)
     captured = []
@@ -272,7 +272,7 @@ def test_split_decode_bench_quick_json(ray_cluster, capsys):
     """``bench decode --quick --json``: the last line is exactly {"frames": {"124": {...}, "345": {...}}}."""
     import json
 
-    from comfy_h3_nodes import bench
+    from comfy_h3_nodes.tools.bench import legacy as bench
 
     assert bench.main(["decode", "--quick", "--json"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

@@ -7,13 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_h3_nodes.tiny_checkpoint import (
-    COMPONENT_NAMES,
-    TINY_REPO_ID,
-    TINY_SIZES,
-    build_tiny_checkpoint,
-    ensure_processor_compat,
-)
+from comfy_h3_nodes.engine.model.tiny import COMPONENT_NAMES, TINY_REPO_ID, TINY_SIZES, build_tiny_checkpoint, ensure_processor_compat
 
 
 def _digests(folder: Path) -> dict:

@@ -153,7 +153,7 @@ def netns():
         tmp = tempfile.mkdtemp(prefix="h3ns_", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
         yield tmp
     finally:
-        from comfy_h3_nodes import ray_node as rn
+        from comfy_h3_nodes.cluster import ray_node as rn
 
         if "tmp" in locals():
             for side in ("ra", "rb", "rbad", "rbad2", "ra2", "rb2"):  # whatever a failed test left running
@@ -187,7 +187,7 @@ def start_cluster(tmp: str, ckpt: str, token: str, ra: str, rb: str, port: int):
 @pytest.fixture(scope="module")
 def cluster(netns):
     """A's head and B's DiT node, started by our two command lines."""
-    from comfy_h3_nodes.tiny_checkpoint import build_tiny_checkpoint
+    from comfy_h3_nodes.engine.model.tiny import build_tiny_checkpoint
 
     tmp = netns
     ckpt = build_tiny_checkpoint(os.path.join(tmp, "models", "tiny"), seed=0)
@@ -262,7 +262,7 @@ def test_wrong_token_is_refused(cluster):
     line = next(ln for ln in out.stdout.splitlines() if "token accepted" in ln)
     assert line.strip().startswith("FAIL") and "refused this token" in line
     assert "nothing was started" in out.stderr
-    from comfy_h3_nodes import ray_node as rn
+    from comfy_h3_nodes.cluster import ray_node as rn
 
     assert rn.node_processes(os.path.join(tmp, "rbad")) == [] and rn.node_processes(os.path.join(tmp, "rbad2")) == []
 
@@ -289,7 +289,7 @@ def test_link_loss_ends_the_request_with_a_bounded_clear_error(cluster):
     import queue
     import threading
 
-    from comfy_h3_nodes import ray_node as rn
+    from comfy_h3_nodes.cluster import ray_node as rn
 
     tmp, port = cluster["tmp"], PORT + 1
     start_cluster(tmp, cluster["ckpt"], cluster["token"], "ra2", "rb2", port)

@@ -13,15 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_h3_nodes.engine.wire import (
-    SCHEMA_VERSION,
-    DenoisedLatents,
-    EncodedRequest,
-    ReferenceMeta,
-    WireError,
-    WireTensor,
-    summarize,
-)
+from comfy_h3_nodes.engine.contract.wire import SCHEMA_VERSION, DenoisedLatents, EncodedRequest, ReferenceMeta, WireError, WireTensor, summarize
 
 H, W, FRAMES = 64, 64, 124  # 124 = 17 * 7 + 5 -> 37 video latent frames, 207 audio latents
 

@@ -11,9 +11,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import catalog
-from . import cluster as cl
-from .timing import TimingLog
+from .model import catalog
+from ..cluster import ray_cluster as cl
+from .contract.timing import TimingLog
 
 _lock = threading.RLock()
 TIMINGS = TimingLog()
@@ -38,7 +38,7 @@ CLUSTER = ClusterState()
 
 def encoders(model_path: str, dtype: str = "bfloat16", attention_backend: str = "sdpa", device: str | None = None):
     """``(side, loaded_now)``: the resident A side for this configuration (loaded on first use, then reused)."""
-    from .a_side import ASide
+    from .a_side.side import ASide
 
     key = (str(model_path), dtype, attention_backend, device)
     with _lock:
@@ -119,7 +119,7 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
     """An executor (A in this process) bound to the named B actor; started, topology and health checked, B's
     settings reconciled with these (see ``H3Executor.reconcile_b_config``) and B's model list refreshed.
     ``actors``: the :class:`~.executor.ActorClasses` to place (the caller's composition root decides them)."""
-    from .executor import BConfig, H3Executor, SideConfig
+    from .executor.executor import BConfig, H3Executor, SideConfig
 
     ensure_cluster(address)
     key = (address, name, namespace, str(model_path), partition, dtype, attention_backend, precision)

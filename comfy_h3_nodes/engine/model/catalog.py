@@ -49,7 +49,7 @@ def tiny_checkpoint_dir(announce=print) -> pathlib.Path:
     with _file_lock(root / ".tiny.lock"):
         if (path / MODEL_INDEX).is_file():
             return path
-        from ..tiny_checkpoint import build_tiny_checkpoint
+        from .tiny import build_tiny_checkpoint
 
         if announce is not None:
             announce(f"[comfy-h3] generating the tiny random checkpoint in {path} (first use, a few seconds)")
@@ -73,7 +73,7 @@ def tiny_lora_path(announce=print) -> pathlib.Path:
     root.mkdir(parents=True, exist_ok=True)
     with _file_lock(root / ".tiny.lock"):
         if not path.is_file():
-            from ..tiny_checkpoint import build_tiny_lora
+            from .tiny import build_tiny_lora
 
             if announce is not None:
                 announce(f"[comfy-h3] generating the tiny random LoRA {path} (first use)")

@@ -12,9 +12,9 @@ import time
 
 import ray
 
-from . import actor_common as common
-from .request import H3Request
-from .timing import StageRecord
+from .. import process as common
+from ..contract.request import H3Request
+from ..contract.timing import StageRecord
 
 log = logging.getLogger("comfy_h3.A")
 
@@ -24,7 +24,7 @@ DEFAULT_NAME = "h3_encoders"
 class EncoderActorImpl(common.ResidentActorMixin):
     def __init__(self, config: dict):
         common.setup_process(config.get("threads"))
-        from .a_side import ASide
+        from .side import ASide
 
         self.started = time.time()
         self.config = dict(config)

@@ -16,10 +16,11 @@ from typing import Callable
 
 import numpy as np
 
-from . import memory_plan, split, split_decode, wire
-from .backends import resolve_attention_backend
-from .profiling import maybe_profile
-from .request import H3Request, ValidRequest, validate_request
+from ..model import memory_plan, split, split_decode
+from ..contract import wire
+from ..model.backends import resolve_attention_backend
+from ..process_profiling import maybe_profile
+from ..contract.request import H3Request, ValidRequest, validate_request
 
 
 @dataclass

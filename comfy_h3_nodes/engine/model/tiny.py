@@ -5,7 +5,7 @@ Every component is an instance of the real class (diffusers' `MiniMaxH3Transform
 `Qwen3VLForConditionalGeneration`, `Qwen2Tokenizer`, `Qwen3VLProcessor`), shrunk so that a whole
 `t2va` / `fl2va` / `ref2va` request runs on a CPU in about a second. Nothing is downloaded.
 
-    python -m comfy_h3_nodes.tiny_checkpoint OUT_DIR [--seed N]
+    python -m comfy_h3_nodes.engine.model.tiny OUT_DIR [--seed N]
 
 Layout written (what `ModularPipeline.from_pretrained(OUT_DIR)` reads)::
 
@@ -46,7 +46,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .engine.compat import ensure_processor_compat
+from .compat import ensure_processor_compat
 
 __all__ = [
     "TINY_REPO_ID",
@@ -419,7 +419,7 @@ def published_state_dict(model) -> dict:
     as published. Values are unchanged (fp32 for the tiny model)."""
     import torch
 
-    from .engine import formats
+    from . import formats
 
     state = {k: v.detach() for k, v in model.state_dict().items()}
     out = {}
@@ -443,7 +443,7 @@ def _stored_dtype(published_name: str):
     """The release's mixed precision: fp32 for the patch projections, timestep MLP and output heads, else bf16."""
     import torch
 
-    from .engine import formats
+    from . import formats
 
     return torch.float32 if published_name.startswith(formats.PUBLISHED_FP32_PREFIXES) else torch.bfloat16
 
@@ -489,7 +489,7 @@ def write_gguf(model, path, qtype: str = "Q8_0") -> Path:
     import gguf
     import numpy as np
 
-    from .engine import formats
+    from . import formats
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -546,7 +546,7 @@ def build_tiny_lora(out_path, seed: int = 0, rank: int = 4, steps: int | None = 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m comfy_h3_nodes.tiny_checkpoint",
+        prog="python -m comfy_h3_nodes.engine.model.tiny",
         description="Write a tiny random MiniMax-H3 checkpoint (diffusers modular layout) for tests.",
     )
     parser.add_argument("out_dir", help="folder to write the checkpoint into")

@@ -36,7 +36,7 @@ import tempfile
 import time
 import warnings
 
-PACK_ROOT = pathlib.Path(__file__).resolve().parents[1]
+from ... import PACK_ROOT
 GOALS = {"plan_vs_measured": 0.02, "fp8_both_vs_bf16_one": 1.05, "ratio_vs_raw": 1.2, "makespan_vs_ideal": 1.05, "speedup_vs_sequential": 1.6, "step_overhead_us": 1000.0,
          "warm_load_s": 0.0}
 
@@ -65,8 +65,8 @@ def cluster(object_store_mb: int = 1024):
     """The embedded two-node cluster, or the one this process already joined (topology validated either way)."""
     import ray
 
-    from . import placement  # noqa: F401 - the composition root: registers the actor classes executors place
-    from .engine import cluster as cl
+    from ... import placement  # noqa: F401 - the composition root: registers the actor classes executors place
+    from ...cluster import ray_cluster as cl
 
     if ray.is_initialized():
         cl.validate_topology()
@@ -101,7 +101,7 @@ def build_payload(spec: dict, seed: int = 0):
     """A real, valid EncodedRequest / DenoisedLatents of ``spec``'s shapes with random data."""
     import torch
 
-    from .engine import wire
+    from ...engine.contract import wire
 
     g = torch.Generator().manual_seed(seed)
     h, w, f = spec["height"], spec["width"], spec["frames"]
@@ -142,7 +142,7 @@ class HandoffEndpoint:
     def __init__(self, role: str, threads: int = 1):
         import ray
 
-        from .engine import actor_common as common
+        from ...engine import process as common
 
         common.setup_process(threads)
         self.role = role
@@ -189,8 +189,8 @@ class HandoffEndpoint:
         import ray
         import torch
 
-        from .engine import actor_common as common
-        from .engine import wire
+        from ...engine import process as common
+        from ...engine.contract import wire
 
         obj, wait_s, fetch_s = common.receive(refs[0], 120.0, self.role, "bench", name)
         out = {"producer_wait_s": wait_s, "fetch_s": fetch_s}
@@ -228,7 +228,7 @@ class HandoffEndpoint:
 def _endpoints(cls, **opts):
     import ray
 
-    from .engine import cluster as cl
+    from ...cluster import ray_cluster as cl
 
     remote = ray.remote(cls) if not hasattr(cls, "remote") else cls
     a = remote.options(resources={cl.ROLE_A: 1}, runtime_env=_runtime_env(), **opts).remote("A")
@@ -412,7 +412,7 @@ def run_tensor_transport(sizes: list[int], names: list[str], repeats: int, warmu
 # ==================================================================================================== executor
 def tiny_checkpoint(path: str | None = None) -> pathlib.Path:
     """The tiny random checkpoint (real classes), built once into a cache folder (or ``path``)."""
-    from .tiny_checkpoint import build_tiny_checkpoint
+    from ...engine.model.tiny import build_tiny_checkpoint
 
     if path:
         p = pathlib.Path(path)
@@ -437,7 +437,7 @@ def tiny_checkpoint(path: str | None = None) -> pathlib.Path:
 
 
 def _make_executor(ckpt, tag: str, synthetic: dict | None = None, max_in_flight: int = 2):
-    from .engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from ...engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
 
     synthetic = synthetic or {}
     a = SideConfig(str(ckpt), dtype="float32", threads=1,
@@ -450,7 +450,7 @@ def _make_executor(ckpt, tag: str, synthetic: dict | None = None, max_in_flight:
 
 
 def _request(i: int, steps: int = 2, size: int = 32):
-    from .engine.request import H3Request
+    from ...engine.contract.request import H3Request
 
     return H3Request(prompt=f"bench request {i}: a robot dances while a piano plays", height=size, width=size,
                      num_frames=124, steps=steps, seed=1000 + i, request_id=f"bench-{i:03d}-{os.getpid()}")
@@ -465,7 +465,7 @@ def _busy(records) -> dict:
 
 
 def _stage_medians(results) -> dict:
-    from .engine.timing import summarize
+    from ...engine.contract.timing import summarize
 
     per = [summarize(res.records) for res in results]
     return {k: round(_median([p.get(k, 0.0) for p in per]), 4) for k in ("encode", "a_to_b", "denoise", "b_to_a",
@@ -609,7 +609,7 @@ def run_step_overhead(iterations: int = 10_000, model_steps: int = 20, model_rep
 
     from remote_worker.b_side import MonitorSlot, StepMonitor, _hook_block
 
-    from .engine import split
+    from ...engine.model import split
 
     denoise = split.split_workflow("t2va")["denoise"]
     loop = next(b for b in denoise.sub_blocks.values() if hasattr(b, "loop_step"))
@@ -688,7 +688,8 @@ def _step_overhead_model(steps: int, repeats: int, ckpt=None) -> dict:
 
     from remote_worker.b_side import BSide, StepMonitor
 
-    from .engine import split, wire
+    from ...engine.model import split
+    from ...engine.contract import wire
 
     ckpt = ckpt or tiny_checkpoint()
     threads = torch.get_num_threads()
@@ -740,7 +741,7 @@ def _formats_checkpoint(ckpt) -> pathlib.Path:
     ckpt = pathlib.Path(ckpt) if ckpt else tiny_checkpoint()
     if (ckpt / "gguf" / "transformer-Q8_0.gguf").is_file():
         return ckpt
-    from .tiny_checkpoint import build_tiny_checkpoint
+    from ...engine.model.tiny import build_tiny_checkpoint
 
     cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "comfy-h3"
     target = cache / "bench-tiny-h3-formats"
@@ -755,9 +756,9 @@ def run_memory(ckpt=None, log=print) -> dict:
     memory is reported apart, it is an estimate and not part of the comparison)."""
     import ray
 
-    from .engine import cluster as cl
-    from .engine import memory_plan as mp
-    from .engine.executor import BConfig
+    from ...cluster import ray_cluster as cl
+    from ...engine.model import memory_plan as mp
+    from ...engine.executor.executor import BConfig
     from remote_worker.actor import dit_actor_class
 
     ckpt = _formats_checkpoint(ckpt)
@@ -843,8 +844,8 @@ def run_decode(frames: tuple[int, ...] = (124, 345), repeats: int = 2, quick: bo
     split (A+B), alternating, after one unmeasured round of each (it measures both sides' clip times)."""
     import numpy as np
 
-    from .engine.executor import BConfig, H3Executor, SideConfig, Timeouts
-    from .engine.request import H3Request
+    from ...engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from ...engine.contract.request import H3Request
 
     ckpt = decode_checkpoint(quick)
     spec = DECODE_VAE_QUICK if quick else DECODE_VAE
@@ -1005,7 +1006,7 @@ def main(argv: list[str]) -> int:
     result: dict = {}
     verb = args.verb
     if verb == "pool":  # its own three-node cluster: comfy_h3_nodes/bench_pool.py
-        from .bench_pool import main_json, run_pool
+        from .pool import main_json, run_pool
 
         res = run_pool(args.requests or (3 if quick else 8), ckpt=args.ckpt and tiny_checkpoint(args.ckpt), log=log)
         if args.json:
@@ -1042,7 +1043,8 @@ def main(argv: list[str]) -> int:
             result["decode"] = run_decode(tuple(int(x) for x in args.frames.split(",")),
                                           args.repeats or (1 if quick else 2), quick, log)
     if verb == "batch":  # the runner starts and joins its own embedded cluster, as `run` does
-        from . import bench_batch, runner
+        from . import batch as bench_batch
+        from .. import runner
 
         try:
             result["batch"] = bench_batch.run_batch(args.requests or (3 if quick else 8), log=log)

@@ -14,12 +14,12 @@ import socket
 import time
 from concurrent.futures import Future
 
-from .engine import catalog
-from .engine import request as rq
-from .engine.backends import UI_CHOICES
-from .engine.memory_plan import PRECISIONS
-from .engine.split import A_COMPONENTS, DTYPES, PARTITIONS, ModelFolderError, check_model_dir
-from .engine.timing import StageRecord
+from ..engine.model import catalog
+from ..engine.contract import request as rq
+from ..engine.model.backends import UI_CHOICES
+from ..engine.model.memory_plan import PRECISIONS
+from ..engine.model.split import A_COMPONENTS, DTYPES, PARTITIONS, ModelFolderError, check_model_dir
+from ..engine.contract.timing import StageRecord
 
 log = logging.getLogger("comfy_h3.nodes")
 
@@ -105,7 +105,7 @@ class BatchRun:
     denoise_node: object = None
 
     def cancel(self) -> None:
-        from .engine import batch
+        from ..engine.executor import batch
 
         batch.cancel(self.executor, self.request_ids, self.encodes)
 
@@ -149,7 +149,7 @@ def _done(value) -> Future:
 
 # ------------------------------------------------------------------------------------------------ helpers
 def _host():
-    from .host import host
+    from ..host.adapter import host
 
     return host()
 
@@ -172,7 +172,7 @@ def _summary(records: list[StageRecord], compute_stage: str) -> dict:
 def report(node_type: str, unique_id, records: list[StageRecord], compute_stage: str, extra: dict | None = None,
            ui: dict | None = None) -> dict:
     """Send ``h3.timing``, keep the records for ``/h3/timings``, and return the ``ui`` dict of the node."""
-    from .engine import session
+    from ..engine import session
 
     h = _host()
     payload = {
@@ -256,7 +256,7 @@ class H3LoadEncoders:
 
     @classmethod
     def INPUT_TYPES(cls):
-        from .engine import session
+        from ..engine import session
 
         session.A_MODEL_ROOTS[:] = _host().model_folders()  # what /h3/status lists as A's models
         models = catalog.choices(session.A_MODEL_ROOTS)
@@ -274,7 +274,7 @@ class H3LoadEncoders:
         return _check_a_model(model_path)
 
     def load(self, model_path, dtype, attention_backend, unique_id=None):
-        from .engine import session
+        from ..engine import session
 
         t0, w0 = time.perf_counter(), time.time()
         err = _check_a_model(model_path)
@@ -312,7 +312,7 @@ class H3RemoteDiT:
 
     @classmethod
     def INPUT_TYPES(cls):
-        from .engine import session
+        from ..engine import session
 
         models = session.b_model_choices()
         return {"required": {
@@ -351,12 +351,12 @@ class H3RemoteDiT:
 
     def connect(self, cluster_address, actor_name, namespace, model_path, partition, dtype, attention_backend,
                 precision="auto", unique_id=None):
-        from . import placement
-        from .engine import session
+        from .. import placement
+        from ..engine import session
 
         t0, w0 = time.perf_counter(), time.time()
         address = rq.check_cluster_address(cluster_address)
-        from .engine import pool
+        from ..engine.executor import pool
 
         try:
             pool.parse_spec(actor_name)
@@ -606,7 +606,7 @@ class H3TextEncode:
             payload = encoders.encode(reqs[0])
             ui = reported(0, payload, time.perf_counter() - t0, w0)
             return {"ui": ui, "result": ([Conditioning(payload.request_id, _done(payload))],)}
-        from .engine import batch
+        from ..engine.executor import batch
 
         futures = batch.encode_all(encoders, reqs, on_done=reported)  # in order, while B starts on the first
         _host().progress_text(f"{n} prompts: encoding one after another on A", unique_id)
@@ -674,7 +674,7 @@ class H3RemoteDenoise:
 
     def _start_batch(self, dit, conds, seeds, steps, max_in_flight, unique_id):
         """Hand the batch to the executor and return at once: one handle per request, in prompt order."""
-        from .engine import batch
+        from ..engine.executor import batch
 
         h = _host()
         ex, adapters = dit_parts(dit)
@@ -709,7 +709,7 @@ class H3RemoteDenoise:
                                       enumerate(zip(run.request_ids, futures))],)}
 
     async def _denoise_one(self, dit, conditioning, seed, steps, unique_id):
-        from .engine.executor import H3Cancelled
+        from ..engine.executor.executor import H3Cancelled
 
         h = _host()
         dit, adapters = dit_parts(dit)
@@ -760,7 +760,7 @@ class H3RemoteDenoise:
 
 def _payload_maker(rid: str, seed: int, steps: int, adapters: tuple):
     """The A->B payload of one denoise run, made from the encoded request: its request id, seed, steps, adapters."""
-    from .engine import wire
+    from ..engine.contract import wire
 
     def make(payload):
         return dataclasses.replace(payload, request_id=rid, seed=int(seed), num_inference_steps=int(steps),
@@ -778,14 +778,14 @@ def _schedule_extra(records: list[StageRecord], steps: int) -> dict:
 
 
 def _interrupt_exception():
-    from .host import host
+    from ..host.adapter import host
 
     h = host()
     if getattr(h, "name", "") == "comfyui":
         import comfy.model_management
 
         return comfy.model_management.InterruptProcessingException()
-    from .engine.executor import H3Cancelled
+    from ..engine.executor.executor import H3Cancelled
 
     return H3Cancelled("interrupted: the request was cancelled on B")
 
@@ -826,7 +826,7 @@ class H3Decode:
         videos already decoded are saved before the error is raised."""
         from concurrent.futures import CancelledError
 
-        from .engine.executor import H3Cancelled, H3Error
+        from ..engine.executor.executor import H3Cancelled, H3Error
 
         h = _host()
         runs = list(dict.fromkeys(x.batch for x in items if isinstance(x, PendingLatents)).keys())
@@ -893,7 +893,7 @@ class H3Decode:
         h = _host()
         t0, w0 = time.perf_counter(), time.time()
         rid = latents.payload.request_id
-        executor_mod = sys.modules.get("comfy_h3_nodes.engine.executor")  # no executor imported: none holds B's copy
+        executor_mod = sys.modules.get("comfy_h3_nodes.engine.executor.executor")  # no executor imported: none holds B's copy
         ex = executor_mod.holder_of(rid) if executor_mod is not None and decode_on != "A" else None
         if executor_mod is not None and ex is None:
             executor_mod.release_held(rid)  # decoded on A alone: B's copy of the latents is not needed
@@ -920,7 +920,7 @@ class H3Decode:
 
 def _save_partial(done: list, h) -> list:
     """The finished videos of a batch that failed part-way, written before the error is raised (nothing is lost)."""
-    from .video import next_path, write_mp4
+    from ..engine.media import next_path, write_mp4
 
     paths = []
     for _, (images, audio, fps) in done:
@@ -947,7 +947,7 @@ class H3SaveVideo:
         }, "hidden": {"unique_id": "UNIQUE_ID", "prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"}}
 
     def save(self, images, audio, fps, filename_prefix, unique_id=None, prompt=None, extra_pnginfo=None):
-        from .video import next_path, write_mp4
+        from ..engine.media import next_path, write_mp4
 
         t0, w0 = time.perf_counter(), time.time()
         out_dir = _host().output_dir()

@@ -33,22 +33,22 @@ from typing import Callable, Iterable
 
 import ray
 
-from . import actor_common as common
-from . import catalog
-from . import cluster as cl
+from .. import process as common
+from ..model import catalog
+from ...cluster import ray_cluster as cl
 from . import pool as pl
-from . import split_decode as sd
-from . import wire
-from .a_side import ASide, DecodedMedia
-from .actors import encoder_actor_class
-from .actor_common import FORWARDED_ENV, unwrap_ray_error
-from .backends import BACKENDS
-from .request import H3Request, validate_request
-from .timing import StageRecord, TimingLog
+from ..model import split_decode as sd
+from ..contract import wire
+from ..a_side.side import ASide, DecodedMedia
+from ..a_side.actor import encoder_actor_class
+from ..process import FORWARDED_ENV, unwrap_ray_error
+from ..model.backends import BACKENDS
+from ..contract.request import H3Request, validate_request
+from ..contract.timing import StageRecord, TimingLog
 
 log = logging.getLogger("comfy_h3.executor")
 
-PACK_ROOT = pathlib.Path(__file__).resolve().parents[2]
+from ... import PACK_ROOT
 
 
 #: what a caller sees when a worker's process or node is gone: died, unavailable (restarting, or its node not yet
@@ -180,7 +180,7 @@ class GenerationResult:
     records: list[StageRecord] = field(default_factory=list)
 
     def stage_seconds(self) -> dict[str, float]:
-        from .timing import summarize
+        from ..contract.timing import summarize
 
         return summarize(self.records)
 
@@ -770,7 +770,7 @@ class H3Executor:
                            should_cancel: Callable[[], bool] | None = None) -> tuple[DecodedMedia, list[StageRecord]]:
         """A split decode with A in this process: B's share from ``latents_ref`` (in B's store), A's clips and the
         blend here. Returns the media and ``[decode on A, decode on B?]``."""
-        from .actors import split_decode_records
+        from ..a_side.actor import split_decode_records
 
         rid = latents.request_id
         cancelled = (lambda: rid in self._cancelled or bool(should_cancel and should_cancel()))  # noqa: E731

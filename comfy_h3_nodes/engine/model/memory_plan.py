@@ -176,7 +176,7 @@ def resolve_precision(precision: str, source: formats.TransformerSource) -> str:
 def packed_rows(height: int, width: int, frames: int, tokens: int = 256) -> int:
     """Rows of B's packed sequence: video patches (2x2 of the 16x latent), stereo audio rows, prompt tokens
     (shared/design.md section 2: 37,966 rows at 1344x768x124)."""
-    from . import wire
+    from ..contract import wire
 
     f = wire.video_latent_frames(frames)
     return f * (height // 32) * (width // 32) + 2 * wire.audio_latent_frames(frames) + tokens

@@ -10,8 +10,8 @@
 * Node facts (address, node IP, temp dir, token file, ...) live in a small JSON state file per role in
   ``$H3_STATE_DIR`` (default ``~/.comfy_h3``), read by ``status`` and ``stop``.
 
-Run as ``python -m comfy_h3_nodes.ray_node kv-put ADDRESS KEY`` (JSON value on stdin) or
-``python -m comfy_h3_nodes.ray_node head-info ADDRESS``: the token comes from the environment.
+Run as ``python -m comfy_h3_nodes.cluster.ray_node kv-put ADDRESS KEY`` (JSON value on stdin) or
+``python -m comfy_h3_nodes.cluster.ray_node head-info ADDRESS``: the token comes from the environment.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class NodeError(RuntimeError):
 # ---------------------------------------------------------------------------------------------------------- versions
 def local_versions() -> dict[str, str]:
     """What both machines must agree on: Python and the packages of :func:`actor_common.versions`."""
-    from comfy_h3_nodes.engine.actor_common import versions
+    from comfy_h3_nodes.engine.process import versions
 
     return {"python": platform.python_version(), **versions()}
 
@@ -195,7 +195,7 @@ def _child_env(extra: dict[str, str]) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------------------------------------- head KV
 def _helper(args: list[str], env: dict[str, str], stdin: str | None = None, timeout: float = 30.0) -> dict:
-    cmd = [sys.executable, "-m", "comfy_h3_nodes.ray_node", *args]
+    cmd = [sys.executable, "-m", "comfy_h3_nodes.cluster.ray_node", *args]
     try:
         out = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, env=_child_env(env))
     except subprocess.TimeoutExpired:

@@ -18,7 +18,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from . import wire
+from .. import PACK_ROOT
+from .contract import wire
 
 log = logging.getLogger("comfy_h3")
 
@@ -180,7 +181,7 @@ def materialize(payload) -> float:
     return time.perf_counter() - t0
 
 
-PYPROJECT = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+PYPROJECT = PACK_ROOT / "pyproject.toml"
 
 
 def pack_version(pyproject: pathlib.Path = PYPROJECT) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .catalog import TINY
+from ..model.catalog import TINY
 
 FPS = 24
 MIN_SECONDS, MAX_SECONDS = 5.0, 15.0

@@ -26,9 +26,9 @@ def _start_worker(name: str, node_id: str, ckpt, synthetic: dict, runtime_env: d
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from . import placement
-    from .engine import cluster as cl
-    from .engine.executor import BConfig
+    from ... import placement
+    from ...cluster import ray_cluster as cl
+    from ...engine.executor.executor import BConfig
 
     cfg = asdict(BConfig(str(ckpt), dtype="float32", threads=1, name=name, max_restarts=0,
                          synthetic_stages={"denoise": synthetic.get("denoise", 0.0)}))
@@ -39,8 +39,8 @@ def _start_worker(name: str, node_id: str, ckpt, synthetic: dict, runtime_env: d
 
 
 def _executor(spec: str, ckpt, synthetic: dict, max_in_flight: int, a_name: str):
-    from . import placement
-    from .engine.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from ... import placement
+    from ...engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
 
     a = SideConfig(str(ckpt), dtype="float32", threads=1,
                    synthetic_stages={k: v for k, v in synthetic.items() if k in ("encode", "decode")})
@@ -54,8 +54,8 @@ def run_pool(requests: int = 8, synthetic: dict | None = None, max_in_flight: in
              object_store_mb: int = 512, log=print) -> dict:
     import ray
 
-    from . import bench
-    from .engine import cluster as cl
+    from . import legacy as bench
+    from ...cluster import ray_cluster as cl
 
     synthetic = dict(POOL_SYNTHETIC if synthetic is None else synthetic)
     ckpt = ckpt or bench.tiny_checkpoint()

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import ray
 
-from . import split
+from ..model import split
 
 log = logging.getLogger("comfy_h3.pool")
 

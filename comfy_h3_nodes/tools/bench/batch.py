@@ -20,10 +20,11 @@ import statistics
 import tempfile
 import time
 
-from . import runner
-from .bench import DEFAULT_SYNTHETIC
+from ... import PACK_ROOT
+from .. import runner
+from .legacy import DEFAULT_SYNTHETIC
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "example_workflows"
+EXAMPLES = PACK_ROOT / "example_workflows"
 GOALS = {"ratio_vs_ideal": 1.1, "speedup_vs_sequential": 1.5}
 SETTINGS = ["3.width=64", "3.height=64", "5.steps=3", '1.dtype="float32"', '2.dtype="float32"',
             '2.actor_name="h3_dit_bench_batch"', '6.decode_on="A"']

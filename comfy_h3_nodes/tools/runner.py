@@ -22,9 +22,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from .engine.catalog import TINY
+from ..engine.model.catalog import TINY
 
-PACK_ROOT = pathlib.Path(__file__).resolve().parents[1]
+from .. import PACK_ROOT
 EXAMPLES = PACK_ROOT / "example_workflows"
 UI_ONLY_TYPES = {"Note", "MarkdownNote"}
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
@@ -36,8 +36,8 @@ class WorkflowError(ValueError):
 
 
 def _mappings():
-    from .nodes import NODE_CLASS_MAPPINGS
-    from .runner_core import CORE_NODES
+    from ..nodes.all import NODE_CLASS_MAPPINGS
+    from .runner_nodes import CORE_NODES
 
     return {**NODE_CLASS_MAPPINGS, **CORE_NODES}
 
@@ -245,7 +245,7 @@ class RunResult:
 
 
 async def run_prompt(api: dict, ui_workflow: dict | None = None, prompt_id: str | None = None) -> RunResult:
-    from .host import host
+    from ..host.adapter import host
 
     mappings = _mappings()
     order = check_prompt(api, mappings)
@@ -379,8 +379,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def execute(workflow_path: str, *, tiny: bool = False, model_path: str | None = None, sets=(), cluster=None,
             output: str = "output", events_out: str | None = None, json_out: str | None = None,
             quiet: bool = False, inputs=(), decode_on: str | None = None) -> RunResult:
-    from . import runner_core
-    from .host import LocalHost, host, set_host
+    from . import runner_nodes as runner_core
+    from ..host.adapter import LocalHost, host, set_host
 
     api, ui = load_workflow(workflow_path)
     runner_core.INPUT_DIRS[:] = [pathlib.Path(p) for p in inputs] + [
@@ -427,7 +427,7 @@ def _main_thread() -> bool:
 
 
 def _shutdown_embedded() -> None:
-    from .engine import session
+    from ..engine import session
 
     if session.CLUSTER.embedded is not None:
         session.CLUSTER.embedded.shutdown()

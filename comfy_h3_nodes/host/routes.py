@@ -7,7 +7,7 @@ import asyncio
 
 from aiohttp import web
 
-from .engine import session
+from ..engine import session
 
 
 async def status_handler(request: web.Request) -> web.Response:
