@@ -1,35 +1,7 @@
-"""``python -m comfy_h3_nodes VERB ...``
-
-Verbs: ``run WORKFLOW.json`` (headless runner), ``demo`` (the t2va example on the embedded cluster, tiny model),
-``cluster start-head`` (machine A's Ray head with token auth), ``bench`` (hand-off and pipeline benchmarks).
-"""
-
-from __future__ import annotations
+"""``python -m comfy_h3_nodes VERB``: see :mod:`comfy_h3_nodes.tools.cli`."""
 
 import sys
 
-VERBS = {
-    "run": ("comfy_h3_nodes.tools.runner", "main_run"),
-    "demo": ("comfy_h3_nodes.tools.runner", "main_demo"),
-    "cluster": ("comfy_h3_nodes.cluster.cli", "main"),
-    "bench": ("comfy_h3_nodes.tools.bench.legacy", "main"),
-}
+from comfy_h3_nodes.tools.cli import main
 
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.strip())
-        return 0 if argv else 2
-    verb, rest = argv[0], argv[1:]
-    if verb not in VERBS:
-        print(f"unknown verb {verb!r}; expected one of {', '.join(VERBS)}", file=sys.stderr)
-        return 2
-    import importlib
-
-    module, func = VERBS[verb]
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main())

@@ -18,16 +18,21 @@ import time
 from collections import deque
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from comfy_h3_nodes.engine import process as common
-from comfy_h3_nodes.engine.model import catalog, formats
-from comfy_h3_nodes.engine.model import split
+from comfy_h3_nodes.cluster.ray_cluster import ROLE_B
 from comfy_h3_nodes.engine.contract import wire
-from comfy_h3_nodes.engine.model.backends import resolve_attention_backend
+from comfy_h3_nodes.engine.contract.configs import NAMESPACE
+from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
 from comfy_h3_nodes.engine.contract.timing import StageRecord
+from comfy_h3_nodes.engine.executor.handoff import receive, receive_payload
+from comfy_h3_nodes.engine.model import catalog, formats
+from comfy_h3_nodes.engine.model.backends import resolve_attention_backend
+from comfy_h3_nodes.engine.model.folders import b_components, check_model_dir
+from comfy_h3_nodes.engine.process import ResidentActorMixin, base_health, runtime_env, setup_process
 
-from remote_worker import model_roots
-from remote_worker.b_side import BSide, DenoiseCancelled
+from . import model_roots
+from .b_side import BSide
 
 log = logging.getLogger("comfy_h3.B")
 
@@ -37,8 +42,9 @@ DEFAULT_NAME = "h3_dit"
 RECONFIGURABLE = ("model_dir", "partition", "dtype", "attention_backend", "precision")
 
 
-def _build_side(config: dict) -> BSide:
-    """Load B as ``config`` says; a model path outside B's model roots is refused before anything is read."""
+def build_side(config: dict, side_class: type = BSide, **extra) -> BSide:
+    """Load B as ``config`` says (with ``side_class``, a stand-in of the benchmarks, and its ``extra`` arguments); a
+    model path outside B's model roots is refused before anything is read."""
     model, sources = config["model_dir"], dict(config.get("sources") or {})
     if catalog.is_tiny(model):
         model_dir = catalog.resolve(model, announce=log.info)  # the pack's own, built in B's cache
@@ -53,20 +59,20 @@ def _build_side(config: dict) -> BSide:
             return catalog.tiny_lora_path(announce=log.info)
         return model_roots.enforce({"model_dir": str(p), "model_roots": config.get("model_roots")})
 
-    return BSide(model_dir, partition=config.get("partition", "transformer"), dtype=config.get("dtype", "bfloat16"),
+    return side_class(model_dir, partition=config.get("partition", "transformer"), dtype=config.get("dtype", "bfloat16"),
                  attention_backend=config.get("attention_backend", "sdpa"), device=config.get("device"),
                  allow_swap=config.get("allow_swap", True), path_check=path_check,
                  precision=config.get("precision") or "auto", residency=config.get("residency") or "auto",
                  sources=sources, memory_limit_bytes=config.get("memory_limit_bytes"),
-                 decoder=config.get("decoder") or "auto")
+                 decoder=config.get("decoder") or "auto", **extra)
 
 
-class DiTActorImpl(common.ResidentActorMixin):
+class DiTActorImpl(ResidentActorMixin):
     def __init__(self, config: dict):
-        common.setup_process(config.get("threads"))
+        setup_process(config.get("threads"))
         self.started = time.time()
         self.config = dict(config)
-        self.side = _build_side(self.config)
+        self.side = self.make_side(self.config)
         self._lock = threading.Lock()
         self._progress: dict[str, dict] = {}
         self._cancelled: set[str] = set()
@@ -77,10 +83,18 @@ class DiTActorImpl(common.ResidentActorMixin):
         self.node_ip = ray.util.get_node_ip_address()
         log.info("B ready on %s: %s", self.node_ip, self.side.resident())
 
+    def make_side(self, config: dict) -> BSide:
+        """The resident DiT this actor serves, as ``config`` says (a subclass may wrap it: the benchmarks give the
+        denoise a known cost)."""
+        return build_side(config)
+
     # ------------------------------------------------------------------------------------------------ denoise
     @ray.method(concurrency_group="denoise", num_returns=2)
-    def denoise(self, refs: list, request_id: str, wait_timeout: float = 600.0):
-        """Receive A's payload (bounded), denoise it, return ``(DenoisedLatents, [a_to_b, denoise])``."""
+    def denoise(self, refs: list, call: wire.DenoiseCall, wait_timeout: float = 600.0):
+        """Receive A's payload (bounded), denoise it as ``call`` says (seed, steps, adapters), return
+        ``(DenoisedLatents, [a_to_b, denoise])``."""
+        call.validate()
+        request_id = call.request_id
         progress = {"state": "waiting", "steps": [], "total": 0, "error": None}
         with self._lock:
             self._progress[request_id] = progress
@@ -91,36 +105,24 @@ class DiTActorImpl(common.ResidentActorMixin):
         try:
             if request_id in self._cancelled:
                 raise DenoiseCancelled(f"request {request_id} was cancelled before B started it")
-            payload, wait_s, fetch_s = common.receive(refs[0], wait_timeout, "B", "A->B", request_id)
-            if payload.request_id != request_id:
-                raise common.HandoffError(
-                    f"B received the payload of request {payload.request_id} for request {request_id}")
-            t_v = time.perf_counter()
-            payload.validate(text_dim=self.side.text_dim)
-            validate_s = time.perf_counter() - t_v
-            mat_s = common.materialize(payload)
-            t_recv = time.time()
-            a_to_b = StageRecord(request_id, "a_to_b", "B", self.node_ip, t_start, t_recv, producer_wait_s=wait_s,
-                                 fetch_s=fetch_s, materialize_s=mat_s, validate_s=validate_s,
-                                 bytes=payload.field_bytes())
+            payload, a_to_b = receive_payload(
+                refs[0], wait_timeout, "B", "a_to_b", request_id,
+                lambda p: (call.validate(p), p.validate(text_dim=self.side.text_dim)), self.node_ip)
+            t_recv = a_to_b.end
             progress["state"] = "running"
-            progress["total"] = payload.num_inference_steps
-
-            entry["steps"] = entry["steps"] or payload.num_inference_steps
+            progress["total"] = call.num_inference_steps
+            entry["steps"] = entry["steps"] or call.num_inference_steps
 
             def on_step(rec):
                 progress["steps"].append((rec.index, rec.total, rec.seconds))
                 self._step_s.append(rec.seconds)
 
-            result = self.side.denoise(payload, on_step=on_step, validated=True,
+            result = self.side.denoise(payload, call, on_step=on_step, validated=True,
                                        should_cancel=lambda: request_id in self._cancelled)
-            synthetic = common.synthetic_delay(self.config, "denoise")
-            notes = [result.schedule_note(payload.adapters)]
-            notes += [f"synthetic +{synthetic:.3f} s"] if synthetic else []
             den = StageRecord(request_id, "denoise", "B", self.node_ip, t_recv, time.time(),
-                              compute_s=result.compute_s + synthetic, bytes=result.latents.field_bytes(),
+                              compute_s=result.compute_s, bytes=result.latents.field_bytes(),
                               steps=tuple(s.seconds for s in result.steps), load_s=result.swap_s + result.adapter_s,
-                              note="; ".join(notes), info=self._serving(result.swap_s))
+                              note=result.schedule_note(call.adapters), info=self._serving(result.swap_s))
             progress["state"] = "done"
             self.recent.append({"request_id": request_id, "workflow": payload.workflow, "steps": len(result.steps),
                                 "compute_s": round(result.compute_s, 4), "finished": time.time(),
@@ -157,8 +159,7 @@ class DiTActorImpl(common.ResidentActorMixin):
         try:
             if request_id in self._cancelled:
                 raise DenoiseCancelled(f"request {request_id} was cancelled before B's decode share started")
-            latents, wait_s, fetch_s = common.receive(refs[0], wait_timeout, "B", "latents (own)", request_id)
-            common.synthetic_delay(self.config, "decode_share")  # tests only: a share long enough to kill B in
+            latents, wait_s, fetch_s = receive(refs[0], wait_timeout, "B", "latents (own)", request_id)
             share = self.side.decode_share(latents, start, stop, should_cancel=lambda: request_id in self._cancelled)
             clips = [wire.DecodedClip(request_id, start + j, share.of, wire.WireTensor.from_torch(c))
                      for j, c in enumerate(share.clips)]
@@ -282,14 +283,14 @@ class DiTActorImpl(common.ResidentActorMixin):
             if path.is_file():
                 formats.detect(path, partition)  # a transformer file: refused here if it is not one B can load
             else:
-                split.check_model_dir(path, split.b_components(partition))
+                check_model_dir(path, b_components(partition))
         old = self.config
         self.side = None  # drop the old model first: B's memory holds one
         try:
-            self.side = _build_side(new)
+            self.side = self.make_side(new)
         except Exception as exc:
             log.warning("reconfigure %s failed (%s); reloading the previous settings", diff, exc)
-            self.side = _build_side(old)
+            self.side = self.make_side(old)
             raise RuntimeError(f"B could not load {', '.join(f'{k} {v[1]}' for k, v in diff.items())} "
                                f"({type(exc).__name__}: {exc}); it serves its previous settings again.") from exc
         self.config = new
@@ -311,7 +312,7 @@ class DiTActorImpl(common.ResidentActorMixin):
     def health(self) -> dict:
         if self.side is None:
             raise RuntimeError("B is reloading its model (reconfigure); ask again in a moment.")
-        info = common.base_health("B", self.side, self.started)
+        info = base_health("B", self.side, self.started)
         info.update({k: v for k, v in self._serving().items() if k != "resident"})  # base_health's has the classes
         info["attention_backend"] = self.side.attention_backend
         info["attention_choice"] = self.config.get("attention_backend", "sdpa")
@@ -325,12 +326,34 @@ class DiTActorImpl(common.ResidentActorMixin):
 
 
 
+CONCURRENCY_GROUPS = {"denoise": 1, "control": 4}
 _CLASS = None
 
 
-def dit_actor_class():
-    """The Ray actor class (decorated once, on first use)."""
+def dit_actor_class(impl: type = DiTActorImpl):
+    """The Ray actor class of ``impl`` (the DiT actor, or a subclass of it), decorated once."""
     global _CLASS
+    if impl is not DiTActorImpl:
+        return ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(impl)
     if _CLASS is None:
-        _CLASS = ray.remote(concurrency_groups={"denoise": 1, "control": 4})(DiTActorImpl)
+        _CLASS = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(DiTActorImpl)
     return _CLASS
+
+
+def start_dit(config: dict, *, node_id: str | None = None, env: dict | None = None, impl: type = DiTActorImpl,
+              detached: bool = True, get_if_exists: bool = True):
+    """The one factory of a DiT worker: a named actor on a node with role B (``node_id``: pinned to that node, as
+    ``setup`` pins it to its own machine), restarted as ``config["max_restarts"]`` says but never replaying a
+    denoise (``max_task_retries=0``), with the pack and the forwarded environment in its ``runtime_env``. Used by
+    ``setup``, the executor's embedded mode and the benchmarks; returns the handle (the actor loads its model in
+    the background: its first call waits for that)."""
+    opts = {"name": config["name"], "namespace": config.get("namespace") or NAMESPACE, "resources": {ROLE_B: 1},
+            "max_restarts": int(config.get("max_restarts", -1)), "max_task_retries": 0,
+            "runtime_env": runtime_env(env)}
+    if detached:
+        opts["lifetime"] = "detached"
+    if get_if_exists:
+        opts["get_if_exists"] = True
+    if node_id is not None:
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    return dit_actor_class(impl).options(**opts).remote(config)

@@ -12,13 +12,17 @@ An adapter may ship a sidecar ``<file stem>.json`` next to it with the schedule 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import pathlib
 import time
 from dataclasses import dataclass
 
-from comfy_h3_nodes.engine.model.split import ModelFolderError
+import torch
+from safetensors import safe_open
+
+from comfy_h3_nodes.engine.contract.errors import ModelFolderError
 
 #: Tensor-name fragments of other runtimes' checkpoints, and the runtime they belong to.
 FOREIGN_PATTERNS = (
@@ -73,8 +77,6 @@ def read_sidecar(path: pathlib.Path) -> AdapterSchedule:
 
 def check_lora_fits(state_dict: dict, transformer, prefix: str = "transformer.") -> None:
     """Every LoRA tensor must name a Linear of the transformer with matching in/out features."""
-    import torch
-
     modules = dict(transformer.named_modules())
     unknown, wrong = [], []
     for key, tensor in state_dict.items():
@@ -188,8 +190,6 @@ def check_no_foreign_tensors(model_dir, component: str, model) -> None:
     ``from_pretrained`` only warns about unexpected keys and drops them: a checkpoint made for another runtime
     (block-sparse attention gates, quantisation scales) would then load silently as a different model.
     """
-    from safetensors import safe_open
-
     folder = model_dir / component
     expected = set(model.state_dict().keys())
     unexpected = []
@@ -197,8 +197,6 @@ def check_no_foreign_tensors(model_dir, component: str, model) -> None:
         with safe_open(str(f), framework="pt") as fh:
             unexpected.extend(k for k in fh.keys() if k not in expected)
     if unexpected and os.environ.get("H3_ALLOW_UNEXPECTED_TENSORS") == "1":
-        import logging
-
         logging.getLogger("comfy_h3.B").warning(
             "H3_ALLOW_UNEXPECTED_TENSORS=1: loading %s/%s with %d tensors dropped: %s", model_dir, component,
             len(unexpected), describe_keys(unexpected))

@@ -23,23 +23,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from comfy_h3_nodes.engine.model import formats, memory_plan, split, split_decode
+import torch
+from diffusers import GGUFQuantizationConfig, MiniMaxH3Transformer3DModel
+from diffusers.modular_pipelines import ModularPipelineBlocks
+from safetensors import safe_open
+
 from comfy_h3_nodes.engine.contract import wire
+from comfy_h3_nodes.engine.contract.configs import PARTITION_OF, PARTITIONS, SCHEDULERS
+from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
+from comfy_h3_nodes.engine.contract.timing import StepRecord
+from comfy_h3_nodes.engine.model import formats, memory_plan, split, split_decode
 from comfy_h3_nodes.engine.model.backends import apply_attention_backend, resolve_attention_backend
-from comfy_h3_nodes.engine.process_profiling import maybe_profile
+from comfy_h3_nodes.engine.model.folders import b_components, check_model_dir
+from comfy_h3_nodes.engine.process import maybe_profile
 
-from remote_worker.adapters import AdapterManager, AdapterSchedule, check_no_foreign_tensors
-
-
-class DenoiseCancelled(RuntimeError):
-    """B stopped a request between two steps because its caller cancelled it."""
-
-
-@dataclass
-class StepRecord:
-    index: int
-    total: int
-    seconds: float
+from .adapters import AdapterManager, AdapterSchedule, check_no_foreign_tensors
 
 
 @dataclass
@@ -80,8 +78,6 @@ class MonitorSlot:
 
 def _hook_block(kind: str, slot: MonitorSlot):
     """A diffusers loop block that calls the current request's monitor (``kind`` is ``start`` or ``end``)."""
-    from diffusers.modular_pipelines import ModularPipelineBlocks
-
     class H3StepHook(ModularPipelineBlocks):
         model_name = "minimax-h3"
 
@@ -117,6 +113,7 @@ class DenoiseResult:
     shift: float = 0.0
     audio_shift: float = 0.0
     profile_path: str | None = None
+    notes: list = field(default_factory=list)  # more for the record's note (a benchmark's stand-in time)
 
     def schedule_note(self, adapters: tuple = ()) -> str:
         parts = [f"{len(self.steps)} forwards, shift {self.shift:g} (video) / {self.audio_shift:g} (audio)"]
@@ -127,7 +124,7 @@ class DenoiseResult:
             parts.append(f"swapped partition in {self.swap_s:.2f} s")
         if self.profile_path:
             parts.append(f"profile {self.profile_path}")
-        return "; ".join(parts)
+        return "; ".join(parts + list(self.notes))
 
 
 class BSide:
@@ -146,9 +143,6 @@ class BSide:
                  path_check: Callable | None = None, precision: str = "auto", residency: str = "auto",
                  sources: dict | None = None, memory_limit_bytes: int | None = None,
                  plan_canvas: tuple | None = None, decoder: str = "auto"):
-        import torch
-
-        self._torch = torch
         self.attention_backend = resolve_attention_backend(attention_backend)
         self.device = split.pick_device(device)
         if precision == "bf16":
@@ -157,16 +151,16 @@ class BSide:
         self.allow_swap = allow_swap
         if residency not in ("auto", "both", "one"):
             raise ValueError(f"residency is {residency!r}; expected 'auto', 'both' or 'one'.")
-        split.b_components(partition)  # validates the name
+        b_components(partition)  # validates the name
         sources = {k: v for k, v in (sources or {}).items() if v}
         for name, path in sources.items():
-            split.b_components(name)
+            b_components(name)
             if path_check is not None:
                 path_check(path)
         from_folder = () if partition in sources else (partition,)
-        self.model_dir = split.check_model_dir(model_dir, (*from_folder, *split.SCHEDULERS))
+        self.model_dir = check_model_dir(model_dir, (*from_folder, *SCHEDULERS))
         self.sources: dict[str, formats.TransformerSource] = {}
-        for name in split.PARTITIONS:
+        for name in PARTITIONS:
             if name in sources:
                 self.sources[name] = formats.detect(sources[name], name, self.model_dir)
             elif (self.model_dir / name).is_dir() and any((self.model_dir / name).iterdir()):
@@ -186,7 +180,7 @@ class BSide:
         self.load_records: list[split.LoadRecord] = []
         self._adapters: dict[str, AdapterManager] = {}
         self.path_check = path_check
-        loaded = split.load_checked(self.model_dir, split.SCHEDULERS, dtype, self.device)
+        loaded = split.load_checked(self.model_dir, SCHEDULERS, dtype, self.device)
         self._host = loaded.host
         for name in resident:
             self._load_partition(name, "startup")
@@ -275,7 +269,7 @@ class BSide:
             model = load_transformer_file(src, self.dtype, self.device)
             self._host.update_components(**{partition: model})
         if self.precision == "fp8":
-            model.enable_layerwise_casting(storage_dtype=self._torch.float8_e4m3fn,
+            model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
                                            compute_dtype=split.torch_dtype(self.dtype))
         apply_attention_backend(model, self.attention_backend)
         label = self.dtype if self.precision == "bf16" else f"{self.precision}/{self.dtype}"
@@ -297,13 +291,13 @@ class BSide:
             )
         t0 = time.perf_counter()
         if partition not in self.sources:
-            split.check_model_dir(self.model_dir, (partition,))  # raises, naming the missing folder
+            check_model_dir(self.model_dir, (partition,))  # raises, naming the missing folder
         old = self.partition
         setattr(self._host, old, None)
         self._adapters.pop(old, None)  # adapters lived on the old one
         self._pipes.clear()
         if self.device.startswith("cuda"):
-            self._torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
         self._load_partition(partition, f"swap {old} -> {partition}")
         self.resident_partitions = [partition]
         self._activate(partition)
@@ -319,48 +313,50 @@ class BSide:
             loop.sub_blocks.update(subs)
             loop.sub_blocks["h3_step_end"] = _hook_block("end", self._slot)
             self._pipes[workflow] = split.make_group_pipeline(blocks, self.model_dir, self._host,
-                                                              split.b_components(split.PARTITION_OF[workflow]))
+                                                              b_components(PARTITION_OF[workflow]))
         return self._pipes[workflow]
 
     def resident(self) -> dict[str, str]:
-        names = (*self.resident_partitions, *split.SCHEDULERS, *(("vae",) if self.vae is not None else ()))
+        names = (*self.resident_partitions, *SCHEDULERS, *(("vae",) if self.vae is not None else ()))
         return {n: type(getattr(self._host, n)).__name__ for n in names}
 
     # ------------------------------------------------------------------------------------------------ denoise
-    def denoise(self, payload: wire.EncodedRequest, on_step: Callable[[StepRecord], None] | None = None,
+    def denoise(self, payload: wire.EncodedRequest, call: wire.DenoiseCall,
+                on_step: Callable[[StepRecord], None] | None = None,
                 should_cancel: Callable[[], bool] | None = None, validated: bool = False) -> DenoiseResult:
-        """Denoise one request; ``validated=True`` when the caller already ran ``payload.validate(text_dim=...)``
-        (the actor does, to time it apart from the transfer)."""
+        """Denoise one run (``call``: its seed, steps and adapters) of an encoded request; ``validated=True`` when the
+        caller already validated both (the actor does, to time it apart from the transfer)."""
         if not validated:
+            call.validate(payload)
             payload.validate(text_dim=self.text_dim)
         with self._lock:
             swap_s = 0.0
-            needed = split.PARTITION_OF[payload.workflow]
+            needed = PARTITION_OF[payload.workflow]
             if needed not in self.resident_partitions:
                 swap_s = self._swap_to(needed)
             elif needed != self.partition:
                 self._activate(needed)  # both resident: nothing loads
             pipe = self._pipe(payload.workflow)
-            adapter_s, schedule = self.adapters.activate(tuple((a.path, a.weight) for a in payload.adapters))
+            adapter_s, schedule = self.adapters.activate(tuple((a.path, a.weight) for a in call.adapters))
             shifts = self._apply_schedule(pipe, schedule)
             cuda = self.device.startswith("cuda")
-            monitor = StepMonitor(total=payload.num_inference_steps, on_step=on_step, should_cancel=should_cancel,
-                                  request_id=payload.request_id,
-                                  sync=self._torch.cuda.synchronize if cuda else None)
+            monitor = StepMonitor(total=call.num_inference_steps, on_step=on_step, should_cancel=should_cancel,
+                                  request_id=call.request_id,
+                                  sync=torch.cuda.synchronize if cuda else None)
             self._slot.monitor = monitor
             t0 = time.perf_counter()
             self.last_profile = None
             try:
-                generator = self._torch.Generator("cpu").manual_seed(payload.seed)
-                with maybe_profile(f"denoise_{payload.request_id}", cuda) as prof:
-                    out = pipe(**payload.pipeline_inputs(), generator=generator,
-                               output=["latents", "audio_latents"])
+                generator = torch.Generator("cpu").manual_seed(call.seed)
+                with maybe_profile(f"denoise_{call.request_id}", cuda) as prof:
+                    out = pipe(**payload.pipeline_inputs(), num_inference_steps=call.num_inference_steps,
+                               generator=generator, output=["latents", "audio_latents"])
                 self.last_profile = prof.path
             finally:
                 self._slot.monitor = None
             compute_s = time.perf_counter() - t0
         result = wire.DenoisedLatents(
-            request_id=payload.request_id,
+            request_id=call.request_id,
             workflow=payload.workflow,
             height=payload.height,
             width=payload.width,
@@ -392,17 +388,12 @@ def load_transformer_file(src: formats.TransformerSource, dtype: str, device: st
     in fp32 (patch projections, timestep MLP, output heads) and the computed ``rope.inv_freq`` buffer included, unlike
     ``from_pretrained``. Those are put back in fp32 from the file (the release stores them fp32), so a single-file
     run equals the folder run bit for bit. GGUF keeps them fp32 itself (its quantizer honours the list)."""
-    import torch
-    from diffusers import MiniMaxH3Transformer3DModel
-
     torch_dtype = split.torch_dtype(dtype)
     kwargs = {"config": str(src.config_root), "subfolder": src.subfolder, "local_files_only": True,
               "torch_dtype": torch_dtype}
     if device != "cpu":
         kwargs["device"] = device
     if src.kind == "gguf":
-        from diffusers import GGUFQuantizationConfig
-
         kwargs["quantization_config"] = GGUFQuantizationConfig(compute_dtype=torch_dtype)
     try:
         model = MiniMaxH3Transformer3DModel.from_single_file(str(src.path), **kwargs)
@@ -415,9 +406,6 @@ def load_transformer_file(src: formats.TransformerSource, dtype: str, device: st
 
 
 def _restore_fp32_modules(model, src: formats.TransformerSource, device: str) -> None:
-    import torch
-    from safetensors import safe_open
-
     cls = type(model)
     names = [n for n, _ in model.named_parameters() if memory_plan.keep_fp32(cls, n)]
     with safe_open(str(src.path), framework="pt", device="cpu") as fh:

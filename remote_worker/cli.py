@@ -15,18 +15,29 @@ import argparse
 import json
 import os
 import pathlib
-import shlex
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import asdict
 
+from comfy_h3_nodes.cluster import ray_cluster as cl
 from comfy_h3_nodes.cluster import ray_node as rn
+from comfy_h3_nodes.engine.contract.configs import TINY, BConfig
+from comfy_h3_nodes.engine.model import catalog
 
-from remote_worker import preflight as pf
+from . import model_roots, service
+from . import preflight as pf
 
 DEFAULT_SERVICE = "/etc/systemd/system/comfy-h3-dit.service"
-from comfy_h3_nodes import PACK_ROOT
+
+
+def _ray():
+    """Ray, imported only after :func:`main` put the cluster's token into the environment: Ray reads its auth mode
+    once, at import, and a driver without the token fails only after about 20 s."""
+    import ray  # noqa: PLC0415 - see the docstring
+
+    return ray
 
 
 def _die(msg: str, code: int = 1) -> int:
@@ -115,8 +126,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def model_roots_of(args) -> list[str]:
-    from remote_worker import model_roots
-
     if args.model_root:
         return [str(model_roots.real(r)) for r in args.model_root]
     env = model_roots.parse_roots(os.environ.get(model_roots.ENV))
@@ -128,8 +137,6 @@ def model_roots_of(args) -> list[str]:
 
 
 def options_of(args) -> pf.Options:
-    from comfy_h3_nodes.engine.model import catalog
-
     args.tiny = getattr(args, "tiny", False) or catalog.is_tiny(args.model_path)
     if args.tiny:  # the pack's tiny random model, built in this machine's cache: try B without weights
         args.model_path = catalog.resolve(catalog.TINY)
@@ -155,29 +162,15 @@ def cmd_preflight(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------- setup
-def _runtime_env(extra: dict[str, str]) -> dict:
-    """As the executor builds it: forwarded H3 variables and this checkout on PYTHONPATH."""
-    from comfy_h3_nodes.engine.process import FORWARDED_ENV
-
-    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-    env.update(extra)
-    pypath = os.environ.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACK_ROOT), pypath) if p)
-    return {"env_vars": env}
-
-
 def _connect(head: str, namespace: str, token_file: str | None, node_ip: str) -> None:
     """Join as a driver on this node (token auth: ``main`` put the token into the environment before Ray loaded)."""
-    from comfy_h3_nodes.cluster import ray_cluster as cl
-
     cl.connect(head, namespace=namespace, token_file=str(rn.token_path(token_file)) if token_file else None,
                node_ip=node_ip, timeout=120.0)
 
 
 def _first_line(exc: BaseException) -> str:
-    from comfy_h3_nodes.engine.process import unwrap_ray_error
-
-    inner = unwrap_ray_error(exc)
+    cause = getattr(exc, "cause", None)  # the user's exception inside Ray's RayTaskError
+    inner = cause if isinstance(cause, BaseException) else exc
     text = str(inner).strip()
     # a RayTaskError's text starts with its traceback; the last line holds the exception
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -185,12 +178,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
-    import ray
-
-    from comfy_h3_nodes.cluster import ray_cluster as cl
-    from comfy_h3_nodes.engine.executor.executor import BConfig
-
-    from remote_worker.actor import dit_actor_class
+    ray = _ray()
+    from .actor import start_dit  # noqa: PLC0415 - imports Ray: only after main() set the token (see _ray)
 
     try:
         existing = ray.get_actor(args.name, namespace=args.namespace)
@@ -230,17 +219,9 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
                          namespace=args.namespace, precision=args.precision))
     cfg["model_roots"] = list(roots)
     cfg["residency"], cfg["sources"] = args.residency, _sources_of(args)
-    from remote_worker.model_roots import ENV as ROOTS_ENV
-
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     # pinned to this machine's node: with a pool, other nodes offer role B too
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = dit_actor_class().options(
-        name=args.name, namespace=args.namespace, lifetime="detached", get_if_exists=True,
-        resources={cl.ROLE_B: 1}, max_restarts=cfg["max_restarts"], max_task_retries=0, scheduling_strategy=here,
-        runtime_env=_runtime_env({ROOTS_ENV: os.pathsep.join(roots)}),
-    ).remote(cfg)
+    actor = start_dit(cfg, node_id=ray.get_runtime_context().get_node_id(),
+                      env={model_roots.ENV: os.pathsep.join(roots)})
     args.created_actor = actor  # a failed setup kills what it created (a detached actor would otherwise linger)
     t0 = time.perf_counter()
     print(f"starting the DiT actor {args.name!r} (loading {args.partition} from {model_dir}) ...", flush=True)
@@ -266,8 +247,6 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
 
 def _model_choice(args, model_dir: pathlib.Path) -> str:
     """What the actor config and the node name: ``tiny-random`` stays that name (each machine builds its own)."""
-    from comfy_h3_nodes.engine.model.catalog import TINY
-
     return TINY if getattr(args, "tiny", False) else str(model_dir)
 
 
@@ -311,8 +290,6 @@ def cmd_setup(args) -> int:
             return _die(f"Ray processes of ours already use {temp_dir} ({rn.describe(running)[:200]}) but are not "
                         f"joined to {args.head} as {node_ip}.\n  fix: `python -m remote_worker stop` first")
     else:
-        from remote_worker.model_roots import ENV as ROOTS_ENV
-
         ray_args = ["--address", args.head, "--node-ip-address", node_ip,
                     "--resources", json.dumps({"h3_role_b": 1000}),
                     "--object-store-memory", str(args.object_store_mb * 2**20)]
@@ -322,7 +299,7 @@ def cmd_setup(args) -> int:
         print(f"joining A's Ray cluster at {args.head} as {node_ip} (object store {args.object_store_mb} MiB) ...",
               flush=True)
         log = pathlib.Path(temp_dir + "_start.log")
-        rc, tail = rn.ray_start(ray_args, {**token, ROOTS_ENV: os.pathsep.join(roots)}, temp_dir, log)
+        rc, tail = rn.ray_start(ray_args, {**token, model_roots.ENV: os.pathsep.join(roots)}, temp_dir, log)
         if rc != 0:
             n, left = rn.stop_node(temp_dir)
             return _die(f"`ray start` failed (exit {rc}); full output in {log}:\n{tail}\n"
@@ -333,10 +310,7 @@ def cmd_setup(args) -> int:
                          "token_file": str(rn.token_path(args.token_file)) if args.token_file else None,
                          "name": args.name, "namespace": args.namespace, "model_path": str(model_dir),
                          "partition": args.partition, "model_roots": roots, "started": time.time()})
-    import ray
-
-    from comfy_h3_nodes.cluster import ray_cluster as cl
-
+    ray = _ray()
     try:
         _connect(args.head, args.namespace, args.token_file, node_ip)
         topo = cl.validate_topology()
@@ -345,7 +319,7 @@ def cmd_setup(args) -> int:
                                   f"node {node_ip}")
         actor, health = _start_actor(args, model_dir, roots, node_ip)
         if not args.no_warmup:
-            from remote_worker import warmup
+            from . import warmup  # noqa: PLC0415 - imports Ray and torch: only after main() set the token
 
             w = warmup.run(actor, args.partition, int(health["text_dim"]), args.dtype, timeout=args.start_timeout)
             print(f"warm-up: {w['workflow']} {w['steps']} step(s) in {w['seconds']:.2f} s "
@@ -383,7 +357,7 @@ def cmd_setup(args) -> int:
 def _watch(args, actor, temp_dir: str) -> int:
     """``--block`` (the systemd service): watch the raylet and the actor every ``--watch-s``; exit 1 when either is
     gone (systemd restarts the service); SIGTERM or Ctrl-C stops B cleanly (actor, then node) and exits 0."""
-    import ray
+    ray = _ray()
 
     stop = {"now": False}
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -456,7 +430,7 @@ def cmd_status(args) -> int:
           (", registered alive" if mine else ", not alive in the cluster"), flush=True)
     if not (raylet and mine):
         return _die("status: B's Ray node is not running; start it with `python -m remote_worker setup`")
-    import ray
+    ray = _ray()
 
     name = args.name if args.name != "h3_dit" or not s["state"].get("name") else s["state"]["name"]
     namespace = (args.namespace if args.namespace != "comfy_h3" or not s["state"].get("namespace")
@@ -512,7 +486,7 @@ def cmd_stop(args) -> int:
         host, port = rn.split_address(head)
         info = rn.head_info(head, rn.token_env(token_file), timeout=20) if rn.tcp_reachable(host, port) else {}
         if info.get("ok"):
-            import ray
+            ray = _ray()
 
             try:
                 _connect(head, namespace, token_file, node_ip)
@@ -531,8 +505,6 @@ def cmd_stop(args) -> int:
                   "registered until the cluster ends", file=sys.stderr, flush=True)
     n, left = rn.stop_node(temp_dir)
     if args.all:
-        import subprocess
-
         subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], timeout=120,
                        stdin=subprocess.DEVNULL)
     left = rn.node_processes(temp_dir)
@@ -541,88 +513,6 @@ def cmd_stop(args) -> int:
     rn.clear_state("b")
     print(f"stopped B's Ray node: {n} processes ended; no Ray process of this node (temp dir {temp_dir}) is left",
           flush=True)
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------------------- service
-def setup_argv(args) -> list[str]:
-    """The `setup` command line the service runs, with absolute paths."""
-    from comfy_h3_nodes.engine.model import catalog
-
-    model = catalog.TINY if catalog.is_tiny(args.model_path) else os.path.abspath(os.path.expanduser(args.model_path))
-    out = ["setup", "--head", args.head, "--model-path", model]
-    defaults = vars(parser().parse_args(["setup", "--head", "x:1", "--model-path", "x"]))
-    skip = {"verb", "head", "model_path", "output", "user", "block", "json"}
-    for key, value in vars(args).items():
-        if key in skip or key not in defaults or value == defaults[key]:
-            continue
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            out.append(flag)
-        elif isinstance(value, list):
-            for v in value:
-                out += [flag, os.path.abspath(os.path.expanduser(v)) if key == "model_root" else str(v)]
-        else:
-            v = str(value)
-            if key in ("token_file", "temp_dir"):
-                v = os.path.abspath(os.path.expanduser(v))
-            out += [flag, v]
-    return out + ["--block"]
-
-
-def unit_text(args) -> str:
-    import getpass
-
-    py = sys.executable
-    argv = " ".join(shlex.quote(a) for a in setup_argv(args))
-    env = ["PYTHONUNBUFFERED=1", "HF_HUB_OFFLINE=1"]
-    env += [f"{k}={os.environ[k]}" for k in ("H3_MODEL_ROOTS", "H3_PROFILE", "H3_STATE_DIR") if os.environ.get(k)]
-    stop = [py, "-m", "remote_worker", "stop"]
-    if args.temp_dir:
-        stop += ["--temp-dir", os.path.abspath(args.temp_dir)]
-    if args.token_file:
-        stop += ["--token-file", os.path.abspath(os.path.expanduser(args.token_file))]
-    return "\n".join([
-        "[Unit]",
-        "Description=comfy-h3: resident MiniMax-H3 DiT on machine B (Ray node + named actor)",
-        "Wants=network-online.target",
-        "After=network-online.target",
-        "",
-        "[Service]",
-        "Type=simple",
-        f"User={args.user or getpass.getuser()}",
-        f"WorkingDirectory={PACK_ROOT}",
-        *[f"Environment={e}" for e in env],
-        f"ExecStart={shlex.quote(py)} -m remote_worker {argv}",
-        f"ExecStopPost={' '.join(shlex.quote(a) for a in stop)}",
-        "Restart=on-failure",
-        "RestartSec=15",
-        "TimeoutStartSec=infinity",
-        "TimeoutStopSec=90",
-        "KillMode=mixed",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        "",
-    ])
-
-
-def cmd_install_service(args) -> int:
-    out = pathlib.Path(args.output)
-    text = unit_text(args)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-    except PermissionError:
-        return _die(f"cannot write {out} (permission denied): run with sudo, or pass --output PATH and copy it there")
-    unit = out.name
-    print(f"wrote {out}:\n")
-    print(text)
-    print("Enable and start it with:")
-    if str(out.parent) != "/etc/systemd/system":
-        print(f"  sudo cp {out} /etc/systemd/system/{unit}")
-    print(f"  sudo systemctl daemon-reload && sudo systemctl enable --now {unit}")
-    print(f"  journalctl -u {unit} -f        # its log; `python -m remote_worker status` for the actor")
     return 0
 
 
@@ -635,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.pop("RAY_AUTH_TOKEN", None)
         os.environ.update(rn.token_env(token_file))
     verbs = {"setup": cmd_setup, "preflight": cmd_preflight, "status": cmd_status, "stop": cmd_stop,
-             "install-service": cmd_install_service}
+             "install-service": lambda a: service.cmd_install_service(a, parser())}
     try:
         return int(verbs[args.verb](args) or 0)
     except KeyboardInterrupt:

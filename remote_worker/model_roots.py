@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from comfy_h3_nodes.engine.model.split import ModelFolderError
+from comfy_h3_nodes.engine.contract.errors import ModelFolderError
 
 ENV = "H3_MODEL_ROOTS"
 

@@ -19,7 +19,13 @@ import sys
 from dataclasses import dataclass, field
 
 from comfy_h3_nodes.cluster import ray_node as rn
-from comfy_h3_nodes.engine.model.split import ModelFolderError
+from comfy_h3_nodes.engine.contract.configs import PARTITIONS, SCHEDULERS
+from comfy_h3_nodes.engine.contract.errors import ModelFolderError
+from comfy_h3_nodes.engine.model import formats
+from comfy_h3_nodes.engine.model.backends import AttentionBackendError, resolve_attention_backend
+from comfy_h3_nodes.engine.model.folders import check_model_dir
+
+from . import model_roots
 
 DEFAULT_OBJECT_STORE_MB = 2048
 MIN_FREE_DISK = 2 * 2**30
@@ -240,7 +246,7 @@ def _check_versions(opts: Options, res: Result) -> None:
 
 def _check_torch(opts: Options, res: Result) -> object:
     try:
-        import torch
+        import torch  # noqa: PLC0415 - a missing or broken torch is a failed check here, not a crash
     except Exception as exc:  # noqa: BLE001
         res.add("torch", False, f"import torch failed: {type(exc).__name__}: {exc}",
                 "install torch for this machine (aarch64 + CUDA for a DGX Spark) into this Python")
@@ -260,7 +266,7 @@ def _check_torch(opts: Options, res: Result) -> object:
 
 def _check_memory(opts: Options, res: Result, torch, need: int | None) -> None:
     """The memory plan B's actor will check before loading (same residency rule), with the object store kept free."""
-    from comfy_h3_nodes.engine.model import memory_plan as mp
+    from comfy_h3_nodes.engine.model import memory_plan as mp  # noqa: PLC0415 - imports torch: after its own check
 
     device = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
     store = opts.object_store_mb * 2**20
@@ -283,8 +289,6 @@ def _check_memory(opts: Options, res: Result, torch, need: int | None) -> None:
 
 
 def _check_attention(opts: Options, res: Result) -> None:
-    from comfy_h3_nodes.engine.model.backends import AttentionBackendError, resolve_attention_backend
-
     try:
         backend = resolve_attention_backend(opts.attention_backend)
     except AttentionBackendError as exc:
@@ -292,7 +296,7 @@ def _check_attention(opts: Options, res: Result) -> None:
                 "the backend's package for this torch/CUDA build")
         return
     try:
-        import flash_attn  # noqa: F401
+        import flash_attn  # noqa: F401,PLC0415 - optional (CUDA only): its real import error is reported
 
         fa = f"flash-attn {getattr(flash_attn, '__version__', '?')} importable"
     except Exception as exc:  # noqa: BLE001 - the real message is the point
@@ -304,11 +308,6 @@ def _check_attention(opts: Options, res: Result) -> None:
 
 
 def _check_model(opts: Options, res: Result) -> int | None:
-    from comfy_h3_nodes.engine.model import formats
-    from comfy_h3_nodes.engine.model.split import PARTITIONS, SCHEDULERS, ModelFolderError, check_model_dir
-
-    from remote_worker import model_roots
-
     need = None
     files = {k: v for k, v in (opts.sources or {}).items() if v}
     try:

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import time
 
+import ray
+import torch
+
+from comfy_h3_nodes.engine.contract import wire
+from comfy_h3_nodes.engine.model.split import torch_dtype
+
 WORKFLOW_OF = {"transformer": "t2va", "transformer_ref": "ref2va"}
 
 
 def payload(partition: str, text_dim: int, dtype: str = "bfloat16", request_id: str | None = None):
-    import torch
-
-    from comfy_h3_nodes.engine.contract import wire
-    from comfy_h3_nodes.engine.model.split import torch_dtype
-
     workflow = WORKFLOW_OF[partition]
     tokens, h, w, frames = 8, 64, 64, 124  # 124 frames: the shortest clip MiniMax-H3 makes (5 s after 17n+5)
     gen = torch.Generator("cpu").manual_seed(0)
@@ -30,19 +31,17 @@ def payload(partition: str, text_dim: int, dtype: str = "bfloat16", request_id: 
     embeds = torch.randn(1, tokens, text_dim, generator=gen).to(torch_dtype(dtype))
     return wire.EncodedRequest(
         request_id=request_id or f"warmup-{int(time.time())}", workflow=workflow, height=h, width=w,
-        num_frames=frames, num_inference_steps=2, seed=0,
-        prompt_embeds=wire.WireTensor.from_torch(embeds),
+        num_frames=frames, prompt_embeds=wire.WireTensor.from_torch(embeds),
         text_token_tags=wire.WireTensor.from_torch(torch.zeros(tokens, dtype=torch.int64)), **extra,
     ).validate(text_dim=text_dim)
 
 
 def run(actor, partition: str, text_dim: int, dtype: str, timeout: float) -> dict:
-    """One warm-up denoise through ``actor``; returns its timing facts."""
-    import ray
-
+    """One warm-up denoise (two sigma points) through ``actor``; returns its timing facts."""
     pay = payload(partition, text_dim, dtype)
+    call = wire.DenoiseCall(pay.request_id, pay.request_id, seed=0, num_inference_steps=2)
     t0 = time.perf_counter()
-    latents_ref, recs_ref = actor.denoise.remote([ray.put(pay)], pay.request_id, timeout)
+    latents_ref, recs_ref = actor.denoise.remote([ray.put(pay)], call, timeout)
     records = ray.get(recs_ref, timeout=timeout)
     latents = ray.get(latents_ref, timeout=timeout)
     den = records[1]

@@ -4,7 +4,7 @@
     python scripts/gpu_step_bench.py                 # H200-class GPU, < 5 minutes, no downloads
     python scripts/gpu_step_bench.py --cpu-dry-run   # proves the script on a CPU with a tiny config
 
-What it builds (nothing is downloaded): the tiny random checkpoint of ``comfy_h3_nodes.tiny_checkpoint`` (real
+What it builds (nothing is downloaded): the tiny random checkpoint of ``comfy_h3_nodes.engine.model.tiny`` (real
 classes), whose ``transformer/`` is replaced by a scaled-down but non-trivial ``MiniMaxH3Transformer3DModel`` with
 random weights (default 4 layers, hidden 1024, 8 heads x 128, FFN 2816, the real 24/32 latent channels, rope 16).
 The text encoder and VAEs stay tiny: only the transformer's step time is under test.

@@ -65,6 +65,18 @@ def workflow_request(workflow: str, media, **kw):
                                                     sample_rate=audio.sample_rate)]})
 
 
+def call_of(req, payload=None):
+    """The denoise call of a request (its seed, steps, adapters) for its encoded ``payload``."""
+    rid = payload.request_id if payload is not None else req.request_id
+    return req.params().call(rid, rid)
+
+
+def denoise(b, a, req, **kw):
+    """``req`` encoded on A side ``a`` and denoised on B side ``b`` (in this process): B's result."""
+    payload = a.encode(req)
+    return b.denoise(payload, call_of(req, payload), **kw)
+
+
 _REFERENCE_CACHE: dict = {}
 
 
@@ -134,7 +146,7 @@ def local_host(ray_cluster):
     """This process as ComfyUI's A: joined to the session cluster as its ``local`` one, with a fresh local host
     (events, interrupt flag, output folder) for the module."""
     from comfy_h3_nodes.engine import session
-    from comfy_h3_nodes.host.adapter import LocalHost, set_host
+    from comfy_h3_nodes.host import LocalHost, set_host
 
     session.adopt_cluster(ray_cluster.address)
     h = LocalHost()
@@ -146,7 +158,8 @@ def local_host(ray_cluster):
 def executor(ray_cluster, tiny_ckpt):
     """Resident A and B actors on the session cluster (fp32, one CPU thread each, short timeouts)."""
     from comfy_h3_nodes import placement
-    from comfy_h3_nodes.engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from comfy_h3_nodes.engine.executor import H3Executor
+    from comfy_h3_nodes.engine.contract.configs import BConfig, SideConfig, Timeouts
 
     ex = H3Executor(SideConfig(str(tiny_ckpt), dtype="float32", threads=1),
                     BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_test"),

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from comfy_h3_nodes.engine.model import memory_plan as mp
-from conftest import single_process_reference, workflow_request
+from conftest import call_of, single_process_reference, workflow_request
 
 LOSSY_TOL = 0.1
 
@@ -34,7 +34,13 @@ def a_bf16(tiny_ckpt):
 
 @pytest.fixture(scope="module")
 def encoded(a_bf16, media):
-    return {wf: a_bf16.encode(workflow_request(wf, media)[0]) for wf in ("t2va", "ref2va")}
+    """Per workflow: the encoded payload and its denoise call (``b.denoise(*encoded[wf])``)."""
+    out = {}
+    for wf in ("t2va", "ref2va"):
+        req = workflow_request(wf, media)[0]
+        payload = a_bf16.encode(req)
+        out[wf] = (payload, call_of(req, payload))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +48,7 @@ def folder_latents(tiny_ckpt, encoded):
     from remote_worker.b_side import BSide
 
     b = BSide(tiny_ckpt, dtype="bfloat16")
-    return {wf: b.denoise(enc).latents for wf, enc in encoded.items()}
+    return {wf: b.denoise(*enc).latents for wf, enc in encoded.items()}
 
 
 def test_single_file_bf16_bit_exact(tiny_ckpt, a_bf16, encoded, folder_latents, media):
@@ -53,10 +59,10 @@ def test_single_file_bf16_bit_exact(tiny_ckpt, a_bf16, encoded, folder_latents, 
     b = BSide(tiny_ckpt, dtype="bfloat16", sources=_single(tiny_ckpt))
     assert {s.kind for s in b.sources.values()} == {"single_file"}
     for wf, enc in encoded.items():
-        got = b.denoise(enc).latents
+        got = b.denoise(*enc).latents
         assert np.array_equal(got.latents.data, folder_latents[wf].latents.data), wf
         assert np.array_equal(got.audio_latents.data, folder_latents[wf].audio_latents.data), wf
-    out = a_bf16.decode_raw(b.denoise(encoded["t2va"]).latents, "np")
+    out = a_bf16.decode_raw(b.denoise(*encoded["t2va"]).latents, "np")
     expected = single_process_reference(tiny_ckpt, "t2va", media, dtype="bfloat16")
     assert np.array_equal(out["videos"], expected["videos"])
     assert torch.equal(out["audio"], expected["audio"])
@@ -71,7 +77,7 @@ def test_lossy_precisions_finish_and_stay_close(tiny_ckpt, encoded, folder_laten
     b = BSide(tiny_ckpt, dtype="bfloat16", **kw)
     assert b.precision == ("gguf" if case == "gguf" else "fp8")
     for wf, enc in encoded.items():
-        got = b.denoise(enc).latents.latents.to_torch()
+        got = b.denoise(*enc).latents.latents.to_torch()
         ref = folder_latents[wf].latents.to_torch()
         assert torch.isfinite(got).all()
         assert not torch.equal(got, ref), f"{case} {wf} should differ from bf16"
@@ -98,12 +104,12 @@ def test_fp8_keeps_both_partitions_resident(tiny_ckpt, encoded):
 
     b = BSide(tiny_ckpt, dtype="bfloat16", precision="fp8")
     assert b.residency == "both" and set(b.resident()) >= {"transformer", "transformer_ref"}
-    b.denoise(encoded["t2va"])
+    b.denoise(*encoded["t2va"])
     before = list(b.load_records)
-    res = b.denoise(encoded["ref2va"])
+    res = b.denoise(*encoded["ref2va"])
     assert b.load_records == before and res.swap_s == 0.0  # ref2va after t2va: zero loads
     assert b.partition == "transformer_ref"
-    res = b.denoise(encoded["t2va"])
+    res = b.denoise(*encoded["t2va"])
     assert b.load_records == before and res.swap_s == 0.0
 
 
@@ -124,8 +130,8 @@ def test_plan_allowing_one_partition_keeps_the_swap(tiny_ckpt, encoded):
     assert one.need_bytes < both.need_bytes
     b = BSide(tiny_ckpt, dtype="bfloat16", precision="fp8", memory_limit_bytes=_limit_for(one.need_bytes))
     assert b.residency == "one" and b.resident_partitions == ["transformer"]
-    b.denoise(encoded["t2va"])
-    res = b.denoise(encoded["ref2va"])
+    b.denoise(*encoded["t2va"])
+    res = b.denoise(*encoded["ref2va"])
     assert res.swap_s > 0 and b.load_records[-1].reason == "swap transformer -> transformer_ref"
     assert "swapped partition" in res.schedule_note()
     with pytest.raises(mp.MemoryPlanError, match="fp8 for one partition"):  # asked for both: refused, option named
@@ -194,7 +200,7 @@ def test_k_quant_gguf_runs_close_to_its_bf16_file(tiny_ckpt, encoded):
     assert q6.sources["transformer"].config_root == wide.resolve()
     assert q6.sources["transformer"].quant_types()["Q6_K"] >= 8
     assert q6.resident_bytes() == {c.name: c.bytes for c in q6.memory_plan.components}
-    got = q6.denoise(encoded["t2va"]).latents.latents.to_torch()
-    want = ref.denoise(encoded["t2va"]).latents.latents.to_torch()
+    got = q6.denoise(*encoded["t2va"]).latents.latents.to_torch()
+    want = ref.denoise(*encoded["t2va"]).latents.latents.to_torch()
     assert torch.isfinite(got).all() and not torch.equal(got, want)
     assert (got - want).abs().max().item() < LOSSY_TOL, (got - want).abs().max().item()

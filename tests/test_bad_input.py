@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from comfy_h3_nodes.engine.contract import wire
-from comfy_h3_nodes.engine.model.split import A_COMPONENTS, ModelFolderError, check_model_dir
+from comfy_h3_nodes.engine.contract.configs import A_COMPONENTS
+from comfy_h3_nodes.engine.contract.errors import ModelFolderError
+from comfy_h3_nodes.engine.model.folders import check_model_dir
 from conftest import PROMPT, workflow_request
 
 
@@ -17,8 +19,8 @@ from conftest import PROMPT, workflow_request
 def good_payload(executor, media):
     import ray
 
-    enc = executor.encode(workflow_request("t2va", media)[0])
-    return ray.get(enc.payload_ref)
+    cond = executor.encode(workflow_request("t2va", media)[0])
+    return ray.get(cond.ref)
 
 
 def _corrupt(payload, kind):
@@ -36,13 +38,13 @@ def _corrupt(payload, kind):
         return dataclasses.replace(payload, text_token_tags=wire.WireTensor(
             "int64", payload.text_token_tags.data[:-1].copy()))
     if kind == "steps":
-        return dataclasses.replace(payload, num_inference_steps=0)
+        return payload  # the payload is fine: its denoise call asks for 0 steps
     raise AssertionError(kind)
 
 
 @pytest.mark.parametrize("kind,words", [
     ("nan", "prompt_embeds holds NaN or inf"),
-    ("schema", "wire schema version 99 but this side speaks version 1"),
+    ("schema", f"wire schema version 99 but this side speaks version {wire.SCHEMA_VERSION}"),
     ("text_dim", "prompt_embeds has shape (1, 4, 64), expected (1, *, 32)"),
     ("truncated", "text_token_tags has shape"),
     ("steps", "num_inference_steps is 0"),
@@ -51,7 +53,8 @@ def test_bad_payload_refused_by_b_which_stays_healthy(executor, good_payload, ki
     import ray
 
     ref = ray.put(_corrupt(good_payload, kind))
-    lat_ref, recs_ref = executor.b.denoise.remote([ref], good_payload.request_id, 10.0)
+    call = wire.DenoiseCall(f"bad-{kind}", good_payload.request_id, 0, 0 if kind == "steps" else 3)
+    lat_ref, recs_ref = executor.b.denoise.remote([ref], call, 10.0)
     with pytest.raises(ray.exceptions.RayTaskError) as info:
         ray.get(recs_ref, timeout=30)
     assert words in str(info.value)
@@ -65,7 +68,7 @@ def test_bad_latents_refused_by_a_which_stays_healthy(executor, media):
     bad = wire.DenoisedLatents("r1", "t2va", 64, 64, 124, wire.WireTensor("float32", np.zeros((1, 24, 37, 4, 5),
                                                                                                np.float32)),
                                wire.WireTensor("float32", np.zeros((2, 32, 207), np.float32)))
-    media_ref, recs_ref = executor.a.decode.remote([ray.put(bad)], "r1", 10.0)
+    media_ref, recs_ref = executor.a.handle.decode.remote([ray.put(bad)], "r1", 10.0)
     with pytest.raises(ray.exceptions.RayTaskError, match=r"latents has shape \(1, 24, 37, 4, 5\)"):
         ray.get(recs_ref, timeout=30)
     assert executor.generate(workflow_request("t2va", media, seed=3)[0]).media.frames.shape[0] == 124

@@ -11,7 +11,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from comfy_h3_nodes.nodes import all as N
+import comfy_h3_nodes.nodes as N
 from comfy_h3_nodes.tools import runner
 from comfy_h3_nodes.engine import session
 from comfy_h3_nodes.engine.contract.request import RequestError
@@ -19,17 +19,17 @@ from comfy_h3_nodes.engine.contract.request import RequestError
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROMPTS = ["a red fox in the snow", "a lighthouse at dusk", "a saxophone in the rain"]
 SEEDS = [11, 12, 13]
-DENOISE_S = 0.4  # B's synthetic extra time per request: A's encode and decode must hide behind it
+DENOISE_S = 0.4  # B's stand-in extra time per request: A's encode and decode must hide behind it
 
 
 def test_prompt_list_lines_and_seed_modes():
     text = "  first prompt \n\n second prompt\nthird prompt\n"
-    lines, seeds = N.H3PromptList().make(text, 7, "increment")
+    lines, seeds = N.H3PromptList().make(text, 7, "increment")["result"]
     assert lines == ["first prompt", "second prompt", "third prompt"] and seeds == [7, 8, 9]
-    assert N.H3PromptList().make(text, 7, "fixed")[1] == [7, 7, 7]
-    rand = N.H3PromptList().make(text, 7, "random")[1]
-    assert rand == N.H3PromptList().make(text, 7, "random")[1] and len(set(rand)) == 3  # reproducible per seed
-    assert rand != N.H3PromptList().make(text, 8, "random")[1]
+    assert N.H3PromptList().make(text, 7, "fixed")["result"][1] == [7, 7, 7]
+    rand = N.H3PromptList().make(text, 7, "random")["result"][1]
+    assert rand == N.H3PromptList().make(text, 7, "random")["result"][1] and len(set(rand)) == 3  # reproducible per seed
+    assert rand != N.H3PromptList().make(text, 8, "random")["result"][1]
     assert N.H3PromptList.OUTPUT_IS_LIST == (True, True)
     assert "prompts is empty" in N.H3PromptList.VALIDATE_INPUTS(prompts=" \n \n")
     assert "prompt line 2" in N.H3PromptList.VALIDATE_INPUTS(prompts="ok\n" + "x" * 20_001)
@@ -38,13 +38,15 @@ def test_prompt_list_lines_and_seed_modes():
 @pytest.fixture(scope="module")
 def batch_b(local_host, tiny_ckpt):
     """A in this process (as in ComfyUI) and a B whose denoise takes DENOISE_S longer than its real work."""
-    from comfy_h3_nodes.engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from comfy_h3_nodes.engine.contract.configs import BConfig, Timeouts
+    from comfy_h3_nodes.engine.executor import H3Executor
+    from comfy_h3_nodes.tools.bench import substitutes
 
     enc, _ = session.encoders(str(tiny_ckpt), "float32", "sdpa")
-    ex = H3Executor(SideConfig(""), BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_batch",
-                                            synthetic_stages={"denoise": DENOISE_S}),
-                    a_mode="local", local_a=enc,
-                    timeouts=Timeouts(start=120, health=10, encode=60, handoff=60, stall=60, decode=60, poll=0.05))
+    stages = {"denoise": DENOISE_S}
+    ex = H3Executor(None, BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_batch"),
+                    timeouts=Timeouts(start=120, health=10, encode=60, handoff=60, stall=60, decode=60, poll=0.05),
+                    actors=substitutes.actors(stages), env=substitutes.env(stages))
     ex.start()
     yield enc, ex
     ex.shutdown(kill_b=True)
@@ -109,7 +111,7 @@ def test_a_bad_prompt_is_refused_before_anything_runs(batch_b, local_host):
 def test_interrupt_cancels_every_request_in_flight(batch_b, local_host):
     import ray
 
-    from comfy_h3_nodes.engine.executor.executor import H3Cancelled
+    from comfy_h3_nodes.engine.contract.errors import H3Cancelled
 
     enc, ex = batch_b
     seen = []
@@ -135,7 +137,7 @@ def test_interrupt_cancels_every_request_in_flight(batch_b, local_host):
 
 
 def test_a_failed_request_is_named_and_finished_videos_are_saved(batch_b, local_host, tmp_path):
-    from comfy_h3_nodes.engine.executor.executor import H3Error
+    from comfy_h3_nodes.engine.contract.errors import H3Error
 
     enc, ex = batch_b
     local_host.set_output_dir(tmp_path)
@@ -183,7 +185,7 @@ def test_batch_example_through_the_runner(local_host, tiny_ckpt, tmp_path):
 def test_bench_batch_quick_json(local_host, capsys):
     """``bench batch --quick --json``: the last line carries exactly the issue's keys, and the batch beat one graph
     run per prompt (three prompts of B-bound work)."""
-    from comfy_h3_nodes.tools.bench import legacy as bench
+    from comfy_h3_nodes.tools import bench
 
     assert bench.main(["batch", "--quick", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

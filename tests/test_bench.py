@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_h3_nodes.tools.bench import legacy as bench
+from comfy_h3_nodes.tools import bench
+from comfy_h3_nodes.tools.bench import handoff
 from comfy_h3_nodes.engine.contract import wire
 
 SHAPE_BYTES = {
@@ -36,8 +37,8 @@ def _run(argv, capsys) -> tuple[dict, str]:
 
 
 def test_payloads_are_real_shapes_and_valid():
-    for spec in bench.handoff_shapes():
-        payload = bench.build_payload(spec)
+    for spec in handoff.handoff_shapes():
+        payload = handoff.build_payload(spec)
         assert payload.nbytes == SHAPE_BYTES[spec["name"]], spec["name"]
         if spec["kind"] == "encoded":
             assert payload.prompt_embeds.dtype == "bfloat16"
@@ -130,7 +131,7 @@ def test_finite_check_finds_one_bad_value_anywhere(dtype, where, value):
 def _t2va(**kw):
     spec = {"name": "t", "kind": "encoded", "workflow": "t2va", "height": 64, "width": 64, "frames": 124,
             "tokens": 8}
-    return bench.build_payload(spec)  # validated once already (text_dim 5120)
+    return handoff.build_payload(spec)  # validated once already (text_dim 5120)
 
 
 def test_a_copied_payload_is_validated_like_the_original():

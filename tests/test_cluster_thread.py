@@ -17,7 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent("""
     import os, threading
-    from comfy_h3_nodes.engine import cluster as cl
+    from comfy_h3_nodes.cluster import ray_cluster as cl
 
     out = {}
 

@@ -312,7 +312,7 @@ def _of(messages, kind, pid=None):
 
 # ------------------------------------------------------------------------------------------------ tests
 def test_pack_loads_with_nodes_web_files_and_routes(comfyui):
-    from comfy_h3_nodes.nodes.all import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+    from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 
     log = comfyui.log.read_text(errors="replace")
     assert "IMPORT FAILED" not in log, comfyui.log_tail()
@@ -366,7 +366,7 @@ def _template(name: str) -> tuple[dict, dict]:
 
 def _with_tiny(api: dict, ui: dict) -> tuple[dict, dict]:
     """The template with the pickers a newcomer changes (``PICKERS``), in the prompt and in the saved workflow."""
-    from comfy_h3_nodes.nodes.all import NODE_CLASS_MAPPINGS
+    from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
     from comfy_h3_nodes.tools.runner import widget_names
 
     api, ui = copy.deepcopy(api), copy.deepcopy(ui)
@@ -416,7 +416,7 @@ def test_template_as_shipped_is_refused_once_with_the_tiny_random_hint(comfyui, 
 
 def _requests_of(api: dict) -> int:
     """How many requests (videos) one run of the template makes: the lines of an H3PromptList, else one."""
-    from comfy_h3_nodes.nodes.all import NODE_CLASS_MAPPINGS
+    from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
 
     lists = _ids(api, "H3PromptList")
     if not lists:

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
+from comfy_h3_nodes.engine.contract import wire
 from comfy_h3_nodes.cluster.ray_cluster import ROLE_A, ROLE_B, ClusterError, NodeInfo, validate_topology
-from comfy_h3_nodes.engine.executor.executor import H3Cancelled
+from comfy_h3_nodes.engine.contract.errors import H3Cancelled
 from comfy_h3_nodes.engine.contract.request import H3Request
 from conftest import wait_store_empty, PROMPT, single_process_reference, workflow_request
 
@@ -78,7 +79,7 @@ def test_health_reports_both_sides(executor):
     health = executor.check_health()
     assert health["A"]["node_ip"] == "127.0.0.2" and health["B"]["node_ip"] == "127.0.0.3"
     assert health["A"]["versions"] == health["B"]["versions"]
-    assert health["A"]["versions"]["wire_schema"] == "1"
+    assert health["A"]["versions"]["wire_schema"] == str(wire.SCHEMA_VERSION) == "2"
     assert set(health["A"]["resident"]) == {"text_encoder", "tokenizer", "processor", "vae", "audio_vae"}
     assert health["B"]["partition"] in health["B"]["resident"]
     assert health["A"]["device"] == "cpu" and health["B"]["memory"]["rss_mb"] > 0
@@ -113,10 +114,11 @@ def test_detached_b_found_by_name_from_second_driver(executor, ray_cluster, tiny
     script = textwrap.dedent(f"""
         import json, sys
         import ray
-        from comfy_h3_nodes.engine.cluster import connect, A_IP
+        from comfy_h3_nodes.cluster.ray_cluster import connect, A_IP
         import comfy_h3_nodes.placement
-        from comfy_h3_nodes.engine.executor import H3Executor, SideConfig, BConfig, Timeouts
-        from comfy_h3_nodes.engine.request import H3Request
+        from comfy_h3_nodes.engine.contract.configs import BConfig, SideConfig, Timeouts
+        from comfy_h3_nodes.engine.executor import H3Executor
+        from comfy_h3_nodes.engine.contract.request import H3Request
         connect("{ray_cluster.address}", node_ip=A_IP)
         ex = H3Executor(SideConfig("{tiny_ckpt}", dtype="float32", threads=1),
                         BConfig("{tiny_ckpt}", dtype="float32", threads=1, name="{executor.b_config.name}"),
@@ -213,10 +215,10 @@ def test_bad_request_fails_fast_and_actors_survive(executor, media):
 @pytest.fixture(scope="module")
 def local_executor(executor, tiny_ckpt):
     """A in this process (as inside ComfyUI), the same resident B actor as the session executor."""
-    from comfy_h3_nodes.engine.executor.executor import H3Executor, SideConfig
+    from comfy_h3_nodes.engine.a_side.side import ASide
+    from comfy_h3_nodes.engine.executor import H3Executor
 
-    ex = H3Executor(SideConfig(str(tiny_ckpt), dtype="float32"), executor.b_config, a_mode="local",
-                    timeouts=executor.timeouts)
+    ex = H3Executor(ASide(str(tiny_ckpt), dtype="float32"), executor.b_config, timeouts=executor.timeouts)
     ex.start()
     yield ex
     ex.shutdown(kill_b=False)
@@ -241,7 +243,8 @@ def test_profiling_env_reaches_both_actors(ray_cluster, tiny_ckpt, tmp_path, med
     """H3_PROFILE is forwarded to the actors before their imports and yields Chrome traces of every stage."""
     import json
 
-    from comfy_h3_nodes.engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from comfy_h3_nodes.engine.executor import H3Executor
+    from comfy_h3_nodes.engine.contract.configs import BConfig, SideConfig, Timeouts
 
     ex = H3Executor(SideConfig(str(tiny_ckpt), dtype="float32", threads=1),
                     BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_profiled"),

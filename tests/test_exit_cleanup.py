@@ -33,7 +33,7 @@ HOST = textwrap.dedent("""
     pack = importlib.util.module_from_spec(spec)
     sys.modules["comfy_h3"] = pack
     spec.loader.exec_module(pack)  # ComfyUI's import of the pack, on the main thread
-    from comfy_h3_nodes.engine import cluster as cl
+    from comfy_h3_nodes.cluster import ray_cluster as cl
 
 
     def prompt_worker():
@@ -157,7 +157,7 @@ CHAIN = textwrap.dedent("""
         signal.signal(signal.SIGTERM, lambda s, f: (print("host handler", flush=True), sys.exit(3)))
     elif sys.argv[2] == "ignored":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from comfy_h3_nodes.engine.cluster import install_exit_hooks
+    from comfy_h3_nodes.cluster.ray_cluster import install_exit_hooks
     print("hooked", install_exit_hooks(), install_exit_hooks(), flush=True)  # idempotent
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.5)

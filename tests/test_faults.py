@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from comfy_h3_nodes.engine.executor.executor import H3Cancelled, H3Error
+from comfy_h3_nodes.engine.contract.errors import H3Cancelled, H3Error
 from conftest import wait_store_empty, workflow_request
 
 DEATH_BOUND_S = 10.0
@@ -65,10 +65,10 @@ def test_b_actor_killed_mid_denoise(executor, media):
 def test_a_actor_killed_comes_back(executor, media):
     import ray
 
-    pid = ray.get(executor.a.health.remote(), timeout=10)["pid"]
+    pid = ray.get(executor.a.handle.health.remote(), timeout=10)["pid"]
     os.kill(pid, signal.SIGKILL)
-    _wait_until(lambda: ray.get(executor.a.ping.remote(), timeout=5) == "127.0.0.2", 60, "A actor restart")
-    assert ray.get(executor.a.health.remote(), timeout=10)["pid"] != pid
+    _wait_until(lambda: ray.get(executor.a.handle.ping.remote(), timeout=5) == "127.0.0.2", 60, "A actor restart")
+    assert ray.get(executor.a.handle.health.remote(), timeout=10)["pid"] != pid
     ok = executor.generate(workflow_request("fl2va", media, seed=23)[0])
     assert ok.media.frames.shape[0] == 124
 
@@ -94,7 +94,7 @@ def test_load_twenty_requests_two_in_flight(executor, media):
     executor.max_seen_in_flight = 0
     warm = executor.run_many([workflow_request("t2va", media, seed=s)[0] for s in range(30, 33)])
     rss0 = {k: ray.get(a.health.remote(), timeout=10)["memory"]["rss_mb"]
-            for k, a in (("A", executor.a), ("B", executor.b))}
+            for k, a in (("A", executor.a.handle), ("B", executor.b))}
     reqs = [workflow_request("t2va" if i % 3 else "fl2va", media, seed=100 + i)[0] for i in range(20)]
     results = executor.run_many(reqs)
     assert [r.request_id for r in results] == [r.request_id for r in reqs]
@@ -110,7 +110,7 @@ def test_load_twenty_requests_two_in_flight(executor, media):
     gc.collect()
     assert wait_store_empty() == 0
     rss1 = {k: ray.get(a.health.remote(), timeout=10)["memory"]["rss_mb"]
-            for k, a in (("A", executor.a), ("B", executor.b))}
+            for k, a in (("A", executor.a.handle), ("B", executor.b))}
     for k in rss0:
         assert rss1[k] - rss0[k] < 150, f"{k} actor grew from {rss0[k]} to {rss1[k]} MB over 20 requests"
 

@@ -12,7 +12,7 @@ import torch
 
 from comfy_h3_nodes.engine.contract.request import H3Request
 from comfy_h3_nodes.engine.model.tiny import build_tiny_checkpoint, build_tiny_lora
-from conftest import PROMPT
+from conftest import PROMPT, denoise
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_adapter_sidecar_sets_the_schedule(executor, tiny_ckpt, loras):
 def test_adapter_that_does_not_fit_is_refused_and_b_keeps_serving(executor, tmp_path, loras):
     from safetensors.torch import load_file, save_file
 
-    from comfy_h3_nodes.engine.executor.executor import H3Error
+    from comfy_h3_nodes.engine.contract.errors import H3Error
 
     state = load_file(str(loras["plain"]))
     bad = {k.replace("attn.to_q", "attn.to_gate_compress"): v for k, v in state.items()}
@@ -115,7 +115,7 @@ def test_request_refuses_bad_adapter_values():
 def test_foreign_checkpoint_refused_with_its_tensors_named(tiny_ckpt, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from comfy_h3_nodes.engine.model.split import ModelFolderError
+    from comfy_h3_nodes.engine.contract.errors import ModelFolderError
     from remote_worker.b_side import BSide
 
     folder = tmp_path / "sparse"
@@ -139,6 +139,6 @@ def test_distilled_checkpoint_loads_like_the_base(tmp_path, media):
     shutil.rmtree(distilled / "text_encoder")
     shutil.copytree(base / "text_encoder", distilled / "text_encoder")  # same encoder, another transformer
     a, b = ASide(distilled, dtype="float32"), BSide(distilled, dtype="float32")
-    out = a.decode_raw(b.denoise(a.encode(_request(steps=4))).latents, "np")["videos"][0]
+    out = a.decode_raw(denoise(b, a, _request(steps=4)).latents, "np")["videos"][0]
     assert np.array_equal(out, _reference(distilled, steps=4))
     assert not np.array_equal(out, _reference(base, steps=4))

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from comfy_h3_nodes.engine.model import memory_plan as mp
+from comfy_h3_nodes.engine.contract.configs import MODEL_COMPONENTS_A
 from comfy_h3_nodes.engine.model import split
 
 GIB = 2**30
@@ -69,7 +70,7 @@ def test_a_plan_predicts_what_a_holds_and_refuses(tiny_ckpt):
 
     a = ASide(tiny_ckpt, dtype="bfloat16")
     planned = {c.name: c.bytes for c in a.memory_plan.components}
-    for name in split.MODEL_COMPONENTS_A:
+    for name in MODEL_COMPONENTS_A:
         model = getattr(a._host, name)
         held = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
         assert abs(planned[name] - held) <= 0.01 * held, name  # headers hold no non-persistent buffers (bytes)
@@ -81,7 +82,7 @@ def test_a_plan_predicts_what_a_holds_and_refuses(tiny_ckpt):
 
 def test_bench_memory_through_the_actor(ray_cluster, tiny_ckpt, capsys):
     """``bench memory --json``: B's actor measures exactly what the plan predicted, in all three plans."""
-    from comfy_h3_nodes.tools.bench import legacy as bench
+    from comfy_h3_nodes.tools import bench
 
     assert bench.main(["memory", "--json", "--ckpt", str(tiny_ckpt)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -101,16 +102,13 @@ def test_actor_refuses_a_plan_that_does_not_fit(ray_cluster, tiny_ckpt):
 
     import ray
 
-    from comfy_h3_nodes.tools.bench.legacy import _runtime_env
-    from comfy_h3_nodes.cluster import ray_cluster as cl
-    from comfy_h3_nodes.engine.executor.executor import BConfig
-    from remote_worker.actor import dit_actor_class
+    from comfy_h3_nodes.engine.contract.configs import BConfig
+    from remote_worker.actor import start_dit
 
     cfg = dataclasses.asdict(BConfig(str(tiny_ckpt), dtype="bfloat16", threads=1, precision="fp8",
-                                     name=f"h3_dit_plan_refused_{os.getpid()}"))
+                                     name=f"h3_dit_plan_refused_{os.getpid()}", max_restarts=0))
     cfg["memory_limit_bytes"] = 1000
-    actor = dit_actor_class().options(name=cfg["name"], namespace=cfg["namespace"], resources={cl.ROLE_B: 1},
-                                      max_restarts=0, runtime_env=_runtime_env()).remote(cfg)
+    actor = start_dit(cfg, detached=False, get_if_exists=False)
     try:
         with pytest.raises(ray.exceptions.RayError, match="memory plan refused before loading anything: B plan "
                                                           r"\(fp8, transformer only, swapping\): transformer "):

@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
-from comfy_h3_nodes.nodes import all as N
+import comfy_h3_nodes.nodes as N
 from comfy_h3_nodes.tools import runner
 from comfy_h3_nodes.engine.model import catalog
 from comfy_h3_nodes.engine import session
-from comfy_h3_nodes.host.adapter import LocalHost, set_host
+from comfy_h3_nodes.host import LocalHost, set_host
 from conftest import PROMPT
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -178,7 +178,7 @@ def test_a_setting_b_cannot_apply_is_one_sentence_with_both_values(local_host, t
     """flash attention on a CPU-only B: refused with both values and the fix; B keeps serving what it had."""
     import ray
 
-    from comfy_h3_nodes.engine.executor.executor import H3Error
+    from comfy_h3_nodes.engine.contract.errors import H3Error
 
     ex = _connect("h3_dit_noflash")["result"][0]
     try:

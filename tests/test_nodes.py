@@ -15,7 +15,7 @@ import pytest
 
 from comfy_h3_nodes.tools import runner
 from comfy_h3_nodes.engine import session
-from comfy_h3_nodes.nodes.all import NODE_CLASS_MAPPINGS
+from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
 from conftest import PROMPT
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ def test_every_h3_node_reports_timing(runs, name):
 
 
 def test_node_frames_equal_engine_frames(local_host, executor, tiny_ckpt, media):
-    from comfy_h3_nodes.nodes import all as N
+    import comfy_h3_nodes.nodes as N
     from comfy_h3_nodes.engine.contract.request import H3Request
 
     encoders = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa", unique_id="1")["result"][0]
@@ -151,8 +151,8 @@ def test_node_frames_equal_engine_frames(local_host, executor, tiny_ckpt, media)
 def test_interrupt_during_denoise_stops_b_and_next_run_works(local_host, executor, tiny_ckpt):
     import ray
 
-    from comfy_h3_nodes.nodes import all as N
-    from comfy_h3_nodes.engine.executor.executor import H3Cancelled
+    import comfy_h3_nodes.nodes as N
+    from comfy_h3_nodes.engine.contract.errors import H3Cancelled
 
     encoders = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa")["result"][0]
     dit = N.H3RemoteDiT().connect("local", executor.b_config.name, executor.b_config.namespace, str(tiny_ckpt),
@@ -174,7 +174,7 @@ def test_interrupt_during_denoise_stops_b_and_next_run_works(local_host, executo
     prog = ray.get(dit.b.progress.remote(rid), timeout=10)
     assert prog["state"] == "cancelled" and len(prog["steps"]) - prog["cancel_at_step"] <= 1
     (ok,) = asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 2, 3))["result"][0]
-    assert ok.payload.latents.shape == (1, 24, 37, 4, 4)
+    assert ok.latents().latents.shape == (1, 24, 37, 4, 4)
 
 
 def _tiny_api() -> dict:
@@ -214,7 +214,7 @@ def test_cli_run_reports_bad_workflow_clearly(tmp_path):
 
 def test_validate_inputs_messages():
     from comfy_h3_nodes.engine.contract.request import RequestError, check_cluster_address
-    from comfy_h3_nodes.nodes.all import H3LoRA, H3RemoteDenoise, H3RemoteDiT, H3TextEncode
+    from comfy_h3_nodes.nodes import H3LoRA, H3RemoteDenoise, H3RemoteDiT, H3TextEncode
 
     assert H3TextEncode.VALIDATE_INPUTS(width=832, height=480) is True
     assert "nearest valid: 832 or 864" in H3TextEncode.VALIDATE_INPUTS(width=840, height=480)
@@ -286,7 +286,7 @@ def test_remote_dit_node_recovers_when_its_b_actor_is_gone(local_host, tiny_ckpt
     """H3RemoteDiT re-checks health on every run; a B actor that vanished is found or recreated, no restart."""
     import ray
 
-    from comfy_h3_nodes.nodes import all as N
+    import comfy_h3_nodes.nodes as N
 
     args = ("local", "h3_dit_reconnect", "comfy_h3", str(tiny_ckpt), "transformer", "float32", "sdpa")
     first = N.H3RemoteDiT().connect(*args)["result"][0]
@@ -298,5 +298,5 @@ def test_remote_dit_node_recovers_when_its_b_actor_is_gone(local_host, tiny_ckpt
     encoders = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa")["result"][0]
     cond = N.H3TextEncode().encode(encoders, PROMPT, 64, 64, 124)["result"][0]
     (lat,) = asyncio.run(N.H3RemoteDenoise().denoise(second, cond, 3, 3))["result"][0]
-    assert lat.payload.latents.shape == (1, 24, 37, 4, 4)
+    assert lat.latents().latents.shape == (1, 24, 37, 4, 4)
     ray.kill(second.b, no_restart=True)

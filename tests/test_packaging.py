@@ -60,7 +60,7 @@ def test_comfy_registry_metadata_and_pack_layout():
 
 def test_pack_version_comes_from_the_checkout_pyproject(tmp_path):
     """A git clone in custom_nodes/ has no package metadata: A and B still compare real pack versions."""
-    from comfy_h3_nodes.engine.process import pack_version, versions
+    from comfy_h3_nodes.engine.contract.versions import pack_version, versions
 
     own = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert versions()["comfy-h3"] == pack_version() == own

@@ -63,7 +63,7 @@ def test_pool_choice_partition_then_queued_steps():
 
 def test_pool_setup_joins_beside_other_b_nodes():
     """`remote_worker setup --name NAME` on another machine: preflight lets it join the B nodes already there."""
-    from remote_worker import cli
+    from remote_worker import cli, service
     from remote_worker.preflight import roles_check
 
     a = {"ip": "10.0.0.1", "alive": True, "roles": ["h3_role_a"]}
@@ -76,7 +76,7 @@ def test_pool_setup_joins_beside_other_b_nodes():
     args = cli.parser().parse_args(["setup", "--head", "10.0.0.1:6379", "--model-path", "tiny-random",
                                     "--name", "h3_dit_b2"])
     assert args.name == "h3_dit_b2" and pl.matches("h3_dit*", args.name)
-    assert "--name h3_dit_b2" in " ".join(cli.setup_argv(args))
+    assert "--name h3_dit_b2" in " ".join(service.setup_argv(args, cli.parser()))
 
 
 # ---------------------------------------------------------------------------------------------------- three nodes
@@ -89,19 +89,14 @@ def _node_id(ip: str) -> str:
 def start_worker(name: str, ip: str, ckpt, **extra):
     """A DiT worker as ``remote_worker setup --name NAME`` starts it, pinned to the node at ``ip``."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from comfy_h3_nodes import placement
-    from comfy_h3_nodes.cluster import ray_cluster as cl
-    from comfy_h3_nodes.engine.executor.executor import BConfig
+    from comfy_h3_nodes.engine.contract.configs import BConfig
+    from comfy_h3_nodes.tools.bench import substitutes
 
-    cfg = asdict(BConfig(str(ckpt), dtype="float32", threads=1, name=name, max_restarts=0, **extra))
+    stages = extra.pop("stages", None)
+    cfg = asdict(BConfig(str(ckpt), dtype="float32", threads=1, name=name, max_restarts=0, namespace=NS, **extra))
     cfg["residency"] = "one"
-    actor = placement.ACTORS.dit().options(
-        name=name, namespace=NS, lifetime="detached", resources={cl.ROLE_B: 1}, max_restarts=0, max_task_retries=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(_node_id(ip), soft=False),
-        runtime_env={"env_vars": {"PYTHONPATH": PACK_ROOT, "HF_HUB_OFFLINE": "1"}},
-    ).remote(cfg)
+    actor = substitutes.actors(stages).dit(cfg, node_id=_node_id(ip), env=substitutes.env(stages))
     assert ray.get(actor.ping.remote(), timeout=180) == ip
     return actor
 
@@ -126,8 +121,8 @@ def b2_node(ray_cluster):
 def workers(b2_node, tiny_ckpt):
     import ray
 
-    # each denoise lasts at least a second (a synthetic tail after the steps), so a test can kill a worker mid-call
-    slow = {"synthetic_stages": {"denoise": 1.0}}
+    # each denoise lasts at least a second (a stand-in tail after the steps), so a test can kill a worker mid-call
+    slow = {"stages": {"denoise": 1.0}}
     made = {"b1": start_worker("h3_pool_b1", B1_IP, tiny_ckpt, **slow),
             "b2": start_worker("h3_pool_b2", B2_IP, tiny_ckpt, **slow)}
     yield made
@@ -147,10 +142,10 @@ def a_side(tiny_ckpt):
 
 def make_executor(spec, tiny_ckpt, a_side):
     from comfy_h3_nodes import placement
-    from comfy_h3_nodes.engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from comfy_h3_nodes.engine.executor import H3Executor
+    from comfy_h3_nodes.engine.contract.configs import BConfig, SideConfig, Timeouts
 
-    ex = H3Executor(SideConfig(""), BConfig(str(tiny_ckpt), dtype="float32", threads=1, name=spec),
-                    a_mode="local", local_a=a_side, actors=placement.ACTORS,
+    ex = H3Executor(a_side, BConfig(str(tiny_ckpt), dtype="float32", threads=1, name=spec), actors=placement.ACTORS,
                     timeouts=Timeouts(start=120, health=10, encode=60, handoff=60, stall=60, decode=60, poll=0.05))
     return ex.start()
 
@@ -181,9 +176,9 @@ def test_pool_finds_every_matching_worker(pool_ex, workers):
 
 def test_pool_node_connects_to_every_worker(pool_ex, workers, ray_cluster, tiny_ckpt):
     """H3RemoteDiT with a prefix spec: one connection that shows every worker it matched."""
-    from comfy_h3_nodes.nodes import all as nodes
+    import comfy_h3_nodes.nodes as nodes
     from comfy_h3_nodes.engine import session
-    from comfy_h3_nodes.host.adapter import LocalHost, set_host
+    from comfy_h3_nodes.host import LocalHost, set_host
 
     session.adopt_cluster(ray_cluster.address)
     set_host(LocalHost())
@@ -268,12 +263,14 @@ def test_pool_two_drivers_share_the_workers(pool_ex, workers, ray_cluster, tiny_
         import json, torch
         torch.set_num_threads(1)
         from comfy_h3_nodes import placement
-        from comfy_h3_nodes.engine.cluster import connect, A_IP
-        from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
-        from comfy_h3_nodes.engine.request import H3Request
+        from comfy_h3_nodes.cluster.ray_cluster import connect, A_IP
+        from comfy_h3_nodes.engine.executor import H3Executor
+        from comfy_h3_nodes.engine.contract.configs import BConfig, SideConfig, Timeouts
+        from comfy_h3_nodes.engine.contract.request import H3Request
         connect("{ray_cluster.address}", node_ip=A_IP)
-        ex = H3Executor(SideConfig("{tiny_ckpt}", dtype="float32"),
-                        BConfig("{tiny_ckpt}", dtype="float32", threads=1, name="{SPEC}"), a_mode="local",
+        from comfy_h3_nodes.engine.a_side.side import ASide
+        ex = H3Executor(ASide("{tiny_ckpt}", dtype="float32"),
+                        BConfig("{tiny_ckpt}", dtype="float32", threads=1, name="{SPEC}"),
                         actors=placement.ACTORS, timeouts=Timeouts(start=120, health=10, poll=0.05))
         ex.start()
         reqs = [H3Request(prompt="second driver", height=64, width=64, num_frames=124, steps=8, seed=60 + i,
@@ -360,7 +357,7 @@ def test_pool_no_worker_left_says_so_within_10s(pool_ex, workers, b2_node, ray_c
     """The last worker leaves mid-request (its machine's Ray node goes): one clear error within 10 s."""
     import threading
 
-    from comfy_h3_nodes.engine.executor.executor import H3Error
+    from comfy_h3_nodes.engine.contract.errors import H3Error
 
     assert [w.name for w in pool_ex.pool.refresh()] == ["h3_pool_b2"]  # B1 was killed above
     gone = []

@@ -1,11 +1,13 @@
-"""What a user may ask for (comfy_h3_nodes.engine.request): a catalogue of bad requests, each refused with a
+"""What a user may ask for (comfy_h3_nodes.engine.contract.request): a catalogue of bad requests, each refused with a
 message that names the bad value and the fix, plus the frame arithmetic and valid requests of every workflow."""
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from comfy_h3_nodes.engine.contract.request import MAX_SEED, AudioClip, H3Request, RequestError, ValidRequest, check_frames, snap_frames, valid_frame_range, validate_request
+from comfy_h3_nodes.engine.contract.request import (MAX_SEED, AudioClip, H3Request, RequestError, ValidRequest,
+                                                    check_frames, snap_frames, valid_frame_range, validate_encode,
+                                                    validate_request)
 
 
 # ----------------------------------------------------------------------------------------------- media helpers
@@ -178,23 +180,25 @@ def test_check_frames_accepts_and_snaps(asked, snapped):
 
 # ----------------------------------------------------------------------------------------------- valid requests
 def test_t2va_request_is_valid_with_defaults():
-    v = validate_request(H3Request(prompt="rain on a tin roof", num_frames=121, steps=8, seed=MAX_SEED))
-    assert isinstance(v, ValidRequest)
-    assert v.workflow == "t2va"
-    assert (v.height, v.width, v.num_frames, v.steps, v.seed) == (None, None, 124, 8, MAX_SEED)
+    r = validate_request(H3Request(prompt="rain on a tin roof", num_frames=121, steps=8, seed=MAX_SEED))
+    assert isinstance(r, ValidRequest)
+    v, params = r.encode, r.params
+    assert r.workflow == v.workflow == "t2va"
+    assert (v.height, v.width, v.num_frames, params.steps, params.seed) == (None, None, 124, 8, MAX_SEED)
     assert v.first_image is None and v.reference_images == [] and v.reference_audio is None
+    assert not hasattr(v, "steps") and not hasattr(v, "seed")  # the encode part carries no denoise parameters
 
 
 def test_t2va_canvas_at_the_aspect_limits_is_valid():
-    assert validate_request(H3Request(prompt="p", height=64, width=256)).width == 256
-    assert validate_request(H3Request(prompt="p", height=256, width=64)).height == 256
-    v = validate_request(H3Request(prompt="p", height=np.int64(768), width=np.int64(1344)))
+    assert validate_encode(H3Request(prompt="p", height=64, width=256)).width == 256
+    assert validate_encode(H3Request(prompt="p", height=256, width=64)).height == 256
+    v = validate_encode(H3Request(prompt="p", height=np.int64(768), width=np.int64(1344)))
     assert (v.height, v.width) == (768, 1344) and type(v.height) is int
 
 
 def test_fl2va_request_gives_pil_keyframes():
     last = float_image(seed=3)
-    v = validate_request(H3Request(prompt="a door opens", height=64, width=64, first_image=rgb(), last_image=last))
+    v = validate_encode(H3Request(prompt="a door opens", height=64, width=64, first_image=rgb(), last_image=last))
     assert v.workflow == "fl2va"
     for im in (v.first_image, v.last_image):
         assert isinstance(im, Image.Image) and im.mode == "RGB" and im.size == (64, 64)
@@ -205,14 +209,14 @@ def test_fl2va_request_gives_pil_keyframes():
 
 def test_fl2va_with_only_a_first_frame_and_uint8_array():
     arr = np.full((32, 48, 3), 7, np.uint8)
-    v = validate_request(H3Request(prompt="p", first_image=arr))
+    v = validate_encode(H3Request(prompt="p", first_image=arr))
     assert v.workflow == "fl2va" and v.last_image is None
     assert v.first_image.size == (48, 32) and v.first_image.getpixel((1, 1)) == (7, 7, 7)
 
 
 def test_ref2va_request_with_two_images_and_audio_at_160_hz():
     clip = audio(channels=2, samples=160, rate=160, dtype=np.float64)
-    v = validate_request(H3Request(
+    v = validate_encode(H3Request(
         prompt="she sings along", reference_images=[rgb(), float_image(batch=False)], reference_audio=clip,
     ))
     assert v.workflow == "ref2va"
@@ -225,6 +229,6 @@ def test_ref2va_request_with_two_images_and_audio_at_160_hz():
 
 def test_ref2va_mono_1d_audio_and_nine_references():
     clip = AudioClip(np.zeros(1600, np.float32), 16000)
-    v = validate_request(H3Request(prompt="p", reference_images=[rgb()] * 9, reference_audio=clip))
+    v = validate_encode(H3Request(prompt="p", reference_images=[rgb()] * 9, reference_audio=clip))
     assert v.workflow == "ref2va" and len(v.reference_images) == 9
     assert v.reference_audio.waveform.shape == (1, 1600)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from comfy_h3_nodes.engine.executor import decode_plan as dp
 from comfy_h3_nodes.engine.model import split_decode as sd
 from comfy_h3_nodes.engine.contract import wire
 from conftest import single_process_reference, workflow_request
@@ -59,13 +60,13 @@ def test_split_decode_refuses_a_foreign_clip_window(a_side):
 
 
 def test_split_decode_share_policy():
-    assert sd.choose_b_clips(7, 1.0, 1.0) == 3  # equal machines: A 4 (it also fetches), B 3
-    assert sd.choose_b_clips(20, 1.0, 1.0) == 10
-    assert sd.choose_b_clips(7, 1.0, 2.0) == 2  # a slower B gets fewer clips
-    assert sd.choose_b_clips(7, 2.0, 1.0) == 5  # a slower A gives more to B (A 2 x 2 s, B 5 x 1 s)
-    assert sd.choose_b_clips(7, 1.0, 50.0) == 0  # far slower: A alone
-    assert sd.choose_b_clips(7, 1.0, 1.0, fetch_clip_s=1.5) == 0  # frames dearer to fetch than to decode: A alone
-    clock = sd.ClipClock()
+    assert dp.choose_b_clips(7, 1.0, 1.0) == 3  # equal machines: A 4 (it also fetches), B 3
+    assert dp.choose_b_clips(20, 1.0, 1.0) == 10
+    assert dp.choose_b_clips(7, 1.0, 2.0) == 2  # a slower B gets fewer clips
+    assert dp.choose_b_clips(7, 2.0, 1.0) == 5  # a slower A gives more to B (A 2 x 2 s, B 5 x 1 s)
+    assert dp.choose_b_clips(7, 1.0, 50.0) == 0  # far slower: A alone
+    assert dp.choose_b_clips(7, 1.0, 1.0, fetch_clip_s=1.5) == 0  # frames dearer to fetch than to decode: A alone
+    clock = dp.ClipClock()
     clock.add("A", 4, 2.0, 100, 100)
     assert clock.clip_s("A", 200, 100) == pytest.approx(1.0)  # scales with the canvas
     assert clock.clip_s("B", 100, 100) is None
@@ -77,7 +78,7 @@ def test_split_decode_two_node_bit_exact(executor, tiny_ckpt, media, workflow):
     """Every workflow, B with one clip, several clips, and all but A's one clip: diffusers' frames bit for bit."""
     req, _ = workflow_request(workflow, media)
     expected = single_process_reference(tiny_ckpt, workflow, media)
-    den = executor.denoise(executor.encode(req))
+    den = executor.denoise(executor.encode(req), req.params())
     for b_clips in (1, 3, 6):
         out, records = executor.decode(den, decode_on="A+B", b_clips=b_clips)
         assert np.array_equal(out.frames, expected["videos"][0]), b_clips
@@ -91,7 +92,11 @@ def test_split_decode_two_node_bit_exact(executor, tiny_ckpt, media, workflow):
         assert [r.stage for r in records] == ["b_to_a", "decode", "decode"]
 
 
-class _FixedClock(sd.ClipClock):
+def _job(ex, req):
+    return ex.denoise(ex.encode(req), req.params())
+
+
+class _FixedClock(dp.ClipClock):
     """Clip times the test sets: the tiny model's clips take milliseconds, less than fetching their frames, so the
     measured clock rightly gives B no clip; the policy is tested on the times of a real decode instead."""
 
@@ -104,20 +109,20 @@ class _FixedClock(sd.ClipClock):
 
 def test_split_decode_auto_policy(executor, media):
     """auto: A alone until A's clip time is measured, then split while B is free; with B's queue busy, A alone."""
-    old = executor.min_split_s, executor.clip_clock
-    executor.min_split_s, executor.clip_clock = 1.0, _FixedClock()
+    old = executor.planner.min_split_s, executor.planner.clock
+    executor.planner.min_split_s, executor.planner.clock = 1.0, _FixedClock()
     try:
         first = executor.generate(workflow_request("t2va", media, seed=31)[0])
         dec = [r for r in first.records if r.stage == "decode"]
         assert [r.machine for r in dec] == ["A"] and "not measured yet" in dec[0].note
         per_mpx = 0.25 / (64 * 64 / 1e6)  # 0.25 s per clip at 64x64: 1.75 s for A alone, worth splitting
-        executor.clip_clock.per_mpx.update({"A alone": per_mpx, "A": per_mpx, "B": per_mpx})
+        executor.planner.clock.per_mpx.update({"A alone": per_mpx, "A": per_mpx, "B": per_mpx})
         second = executor.generate(workflow_request("t2va", media, seed=32)[0])
         dec = [r for r in second.records if r.stage == "decode"]
         assert sorted(r.machine for r in dec) == ["A", "B"]
         assert next(r for r in dec if r.machine == "A").info["b_clips"] == [4, 7]  # equal sides: A 4, B 3
         assert np.array_equal(second.media.frames, executor.decode(
-            executor.denoise(executor.encode(workflow_request("t2va", media, seed=32)[0])), decode_on="A")[0].frames)
+            _job(executor, workflow_request("t2va", media, seed=32)[0]), decode_on="A")[0].frames)
         # two requests in flight: the first decodes while the second waits for B -> A alone; the second splits
         results = executor.run_many([workflow_request("t2va", media, seed=s)[0] for s in (33, 34)])
         first_dec = [r for r in results[0].records if r.stage == "decode"]
@@ -125,27 +130,27 @@ def test_split_decode_auto_policy(executor, media):
         last = [r for r in results[1].records if r.stage == "decode"]
         assert "B" in {r.machine for r in last}, [r.note for r in last]
         # a slower B gets fewer clips; a decode too short to pay for B stays on A
-        executor.clip_clock.per_mpx["B"] = 2 * per_mpx
+        executor.planner.clock.per_mpx["B"] = 2 * per_mpx
         assert executor.plan_decode(64, 64, 124).b_start == 5
-        executor.clip_clock.per_mpx["A alone"] = 0.1 * per_mpx
+        executor.planner.clock.per_mpx["A alone"] = 0.1 * per_mpx
         assert executor.plan_decode(64, 64, 124).mode == "A"
     finally:
-        executor.min_split_s, executor.clip_clock = old
+        executor.planner.min_split_s, executor.planner.clock = old
 
 
 def test_split_decode_measured_clock_learns_both_sides(executor, media):
     """Every decode feeds the clock: A alone from A-only decodes, A and B (and the frames' fetch) from splits."""
-    old = executor.clip_clock
-    executor.clip_clock = sd.ClipClock()
+    old = executor.planner.clock
+    executor.planner.clock = dp.ClipClock()
     try:
-        den = executor.denoise(executor.encode(workflow_request("t2va", media, seed=35)[0]))
+        den = _job(executor, workflow_request("t2va", media, seed=35)[0])
         executor.decode(den, decode_on="A")
-        assert set(executor.clip_clock.per_mpx) == {"A alone"}
+        assert set(executor.planner.clock.per_mpx) == {"A alone"}
         executor.decode(den, decode_on="A+B", b_clips=3)
-        assert set(executor.clip_clock.per_mpx) == {"A alone", "A", "B"}
-        assert executor.clip_clock.fetch_per_mpx > 0
+        assert set(executor.planner.clock.per_mpx) == {"A alone", "A", "B"}
+        assert executor.planner.clock.fetch_per_mpx > 0
     finally:
-        executor.clip_clock = old
+        executor.planner.clock = old
 
 
 def test_split_decode_plan_without_b_decoder(executor):
@@ -183,16 +188,19 @@ def test_split_decode_b_plan_refuses_decoder_that_does_not_fit(tiny_ckpt):
 # ---------------------------------------------------------------------------------------------------- A in this process
 @pytest.fixture(scope="module")
 def local_split(ray_cluster, tiny_ckpt, a_side):
-    """A in this process (as inside ComfyUI), a B of its own whose decode share first sleeps 2 s (tests only), so
-    it can be killed or cancelled during its share."""
+    """A in this process (as inside ComfyUI), a B of its own whose decode share first waits 2 s (the timed stand-in
+    of the benchmarks), so it can be killed or cancelled during its share."""
     import ray
 
-    from comfy_h3_nodes.engine.executor.executor import BConfig, H3Executor, SideConfig, Timeouts
+    from comfy_h3_nodes.engine.contract.configs import BConfig, Timeouts
+    from comfy_h3_nodes.engine.executor import H3Executor
+    from comfy_h3_nodes.tools.bench import substitutes
 
-    ex = H3Executor(SideConfig(""), BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_split_test",
-                                            max_restarts=0, synthetic_stages={"decode_share": 2.0}),
-                    a_mode="local", local_a=a_side,
-                    timeouts=Timeouts(start=120, health=10, encode=60, handoff=60, stall=60, decode=60, poll=0.05))
+    stages = {"decode_share": 2.0}
+    ex = H3Executor(a_side, BConfig(str(tiny_ckpt), dtype="float32", threads=1, name="h3_dit_split_test",
+                                    max_restarts=0),
+                    timeouts=Timeouts(start=120, health=10, encode=60, handoff=60, stall=60, decode=60, poll=0.05),
+                    actors=substitutes.actors(stages), env=substitutes.env(stages))
     ex.start()
     yield ex
     if ex.b is not None:
@@ -200,20 +208,18 @@ def local_split(ray_cluster, tiny_ckpt, a_side):
     ex.shutdown()
 
 
-def _denoised(ex, a_side, media, seed):
+def _denoised(ex, media, seed):
+    """A job of ``ex`` whose latents are on A (received in this process) and still held by B."""
     req, _ = workflow_request("t2va", media, seed=seed)
-    enc = ex.put_payload(a_side.encode(req), time.time(), 0.0)
-    den = ex.submit_denoise(enc).result(timeout=60)
-    latents, _ = ex.receive_local(den)
-    return den, latents
+    return ex.denoise(ex.encode(req), req.params())
 
 
 def test_split_decode_node_path_bit_exact(local_split, a_side, tiny_ckpt, media):
     """ComfyUI's H3Decode: the DiT that denoised the request splits its decode (A+B), frames as diffusers'."""
-    from comfy_h3_nodes.nodes import all as N
+    import comfy_h3_nodes.nodes as N
 
-    den, latents = _denoised(local_split, a_side, media, seed=7)
-    out = N.H3Decode().decode(a_side, N.Latents(latents, den.records), decode_on="A+B", unique_id="6")
+    job = _denoised(local_split, media, seed=7)
+    out = N.H3Decode().decode(a_side, job, decode_on="A+B", unique_id="6")
     (images,), (audio,), (fps,) = out["result"]  # H3Decode returns lists (OUTPUT_IS_LIST: batches)
     expected = single_process_reference(tiny_ckpt, "t2va", media)
     assert np.array_equal(images.numpy(), expected["videos"][0])
@@ -222,44 +228,43 @@ def test_split_decode_node_path_bit_exact(local_split, a_side, tiny_ckpt, media)
     assert [(s["stage"], s["machine"]) for s in stages] == [("decode", "B"), ("decode", "A")]
     assert "B decodes clips" in out["ui"]["h3_timing"][0]["summary"]["decode_on"]
     # the latents were handed over: a second decode of them is A's alone, and says why
-    again = N.H3Decode().decode(a_side, N.Latents(latents, den.records), decode_on="A+B")
+    again = N.H3Decode().decode(a_side, job, decode_on="A+B")
     assert [s["machine"] for s in again["ui"]["h3_timing"][0]["stages"]] == ["A"]
+    assert "B no longer holds" in again["ui"]["h3_timing"][0]["summary"]["decode_on"]
     assert np.array_equal(again["result"][0][0].numpy(), expected["videos"][0])
 
 
-def test_split_decode_cancel_stops_both_sides(local_split, a_side, media):
+def test_split_decode_cancel_stops_both_sides(local_split, media):
     import ray
 
-    from comfy_h3_nodes.engine.executor.executor import H3Cancelled
+    from comfy_h3_nodes.engine.contract.errors import H3Cancelled
 
-    den, latents = _denoised(local_split, a_side, media, seed=41)
+    job = _denoised(local_split, media, seed=41)
     captured = []
-    start = local_split._start_b_share
-    local_split._start_b_share = lambda *a: captured.append(start(*a)) or captured[-1]
+    start = local_split.bclient.start_share
+    local_split.bclient.start_share = lambda *a: captured.append(start(*a)) or captured[-1]
     try:
-        plan = local_split.plan_decode(64, 64, 124, "A+B", b_clips=3)
-        timer = threading.Timer(0.5, local_split.cancel, args=(latents.request_id,))
+        timer = threading.Timer(0.5, job.cancel)
         timer.start()
         t0 = time.monotonic()
         with pytest.raises(H3Cancelled, match="cancelled"):
-            local_split.decode_split_local(a_side, latents, den.latents_ref, plan)
+            job.decode(decode_on="A+B", b_clips=3)
         assert time.monotonic() - t0 < 1.9  # A stopped while B's share still slept
         with pytest.raises(ray.exceptions.RayTaskError, match="cancelled"):
             ray.get(captured[0][-1], timeout=30)  # B stopped before its first clip
     finally:
-        local_split._start_b_share = start
-        local_split._cancelled.discard(latents.request_id)
+        local_split.bclient.start_share = start
 
 
-def test_split_decode_b_killed_during_share_a_decodes_its_clips(local_split, a_side, tiny_ckpt, media):
+def test_split_decode_b_killed_during_share_a_decodes_its_clips(local_split, tiny_ckpt, media):
     """B's actor dies during its share: A decodes B's clips itself, the frames are unchanged, the note says so."""
     import ray
 
-    den, latents = _denoised(local_split, a_side, media, seed=7)
+    job = _denoised(local_split, media, seed=7)
     pid = ray.get(local_split.b.health.remote(), timeout=10)["pid"]
-    plan = local_split.plan_decode(64, 64, 124, "A+B", b_clips=3)
     threading.Timer(0.8, os.kill, args=(pid, signal.SIGKILL)).start()
-    out, records = local_split.decode_split_local(a_side, latents, den.latents_ref, plan)
+    out, records, plan = job.decode(decode_on="A+B", b_clips=3)
+    assert plan.mode == "A+B"
     expected = single_process_reference(tiny_ckpt, "t2va", media)
     assert np.array_equal(out.frames, expected["videos"][0])
     assert [r.machine for r in records] == ["A"]
@@ -272,7 +277,7 @@ def test_split_decode_bench_quick_json(ray_cluster, capsys):
     """``bench decode --quick --json``: the last line is exactly {"frames": {"124": {...}, "345": {...}}}."""
     import json
 
-    from comfy_h3_nodes.tools.bench import legacy as bench
+    from comfy_h3_nodes.tools import bench
 
     assert bench.main(["decode", "--quick", "--json"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

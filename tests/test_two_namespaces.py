@@ -38,24 +38,24 @@ os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": tok, "HF_HUB
 t0 = time.time()
 import torch
 torch.set_num_threads(1)
-from comfy_h3_nodes.engine import cluster as cl
+from comfy_h3_nodes.cluster import ray_cluster as cl
 cl.connect(addr, token_file=tok, node_ip=addr.split(":")[0], timeout=60)
 import ray
 import comfy_h3_nodes.placement
-from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
-from comfy_h3_nodes.engine.request import H3Request
+from comfy_h3_nodes.engine.executor import H3Executor
+from comfy_h3_nodes.engine.contract.configs import BConfig, SideConfig, Timeouts
+from comfy_h3_nodes.engine.contract.request import H3Request
 ray.get_actor(name, namespace="comfy_h3")  # the named actor setup started on B is there
-ex = H3Executor(SideConfig(ckpt, dtype="float32", threads=1), BConfig(ckpt, dtype="float32", threads=1, name=name),
-                a_mode="local", timeouts=Timeouts(start=60, health=10, encode=60, handoff=60, stall=60, decode=60,
-                                                  poll=0.05))
+from comfy_h3_nodes.engine.a_side.side import ASide
+ex = H3Executor(ASide(ckpt, dtype="float32"), BConfig(ckpt, dtype="float32", threads=1, name=name),
+                timeouts=Timeouts(start=60, health=10, encode=60, handoff=60, stall=60, decode=60, poll=0.05))
 ex.start()
 res = ex.generate(H3Request(prompt="a robot dances", height=64, width=64, num_frames=124, steps=2, seed=3))
 h = ex.check_health()
 # an actor a driver on A creates on B with a path outside B's roots is refused by B itself (the node's H3_MODEL_ROOTS)
-from remote_worker.actor import dit_actor_class
-rogue = dit_actor_class().options(name="h3_rogue", namespace="comfy_h3", resources={cl.ROLE_B: 1}, max_restarts=0,
-                                  runtime_env=ex._runtime_env()).remote(
-    {"model_dir": sys.argv[5], "partition": "transformer", "dtype": "float32", "threads": 1})
+from remote_worker.actor import start_dit
+rogue = start_dit({"name": "h3_rogue", "max_restarts": 0, "model_dir": sys.argv[5], "partition": "transformer",
+                   "dtype": "float32", "threads": 1}, detached=False)
 try:
     ray.get(rogue.ping.remote(), timeout=90)
     refused = ""
@@ -77,14 +77,15 @@ addr, tok, ckpt, name = sys.argv[1:5]
 os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": tok, "HF_HUB_OFFLINE": "1"})
 import torch
 torch.set_num_threads(1)
-from comfy_h3_nodes.engine import cluster as cl
+from comfy_h3_nodes.cluster import ray_cluster as cl
 cl.connect(addr, token_file=tok, node_ip=addr.split(":")[0], timeout=60)
 import comfy_h3_nodes.placement
-from comfy_h3_nodes.engine.executor import BConfig, H3Executor, SideConfig, Timeouts
-from comfy_h3_nodes.engine.request import H3Request
-ex = H3Executor(SideConfig(ckpt, dtype="float32", threads=1), BConfig(ckpt, dtype="float32", threads=1, name=name),
-                a_mode="local", timeouts=Timeouts(start=60, health=10, encode=60, handoff=60, stall=120, decode=60,
-                                                  poll=0.05))
+from comfy_h3_nodes.engine.executor import H3Executor
+from comfy_h3_nodes.engine.contract.configs import BConfig, SideConfig, Timeouts
+from comfy_h3_nodes.engine.contract.request import H3Request
+from comfy_h3_nodes.engine.a_side.side import ASide
+ex = H3Executor(ASide(ckpt, dtype="float32"), BConfig(ckpt, dtype="float32", threads=1, name=name),
+                timeouts=Timeouts(start=60, health=10, encode=60, handoff=60, stall=120, decode=60, poll=0.05))
 ex.start()
 req = H3Request(prompt="a robot dances", height=64, width=64, num_frames=124, steps=200, seed=5)
 seen = [0]

@@ -1,4 +1,4 @@
-"""The A<->B wire contract (comfy_h3_nodes.engine.wire): bit-exact transport and refusal of every bad payload.
+"""The A<->B wire contract (comfy_h3_nodes.engine.contract.wire): bit-exact transport and refusal of every bad payload.
 
 Fast and self-contained: no Ray, no model. Pickle protocol 5 with out-of-band buffers stands in for Ray's object store.
 """
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_h3_nodes.engine.contract.wire import SCHEMA_VERSION, DenoisedLatents, EncodedRequest, ReferenceMeta, WireError, WireTensor, summarize
+from comfy_h3_nodes.engine.contract.wire import (SCHEMA_VERSION, AdapterSpec, DenoiseCall, DenoisedLatents, EncodedRequest,
+                                                 ReferenceMeta, WireError, WireTensor, summarize)
 
 H, W, FRAMES = 64, 64, 124  # 124 = 17 * 7 + 5 -> 37 video latent frames, 207 audio latents
 
@@ -56,10 +57,16 @@ def assert_one_sentence(msg: str) -> None:
     assert not re.search(r"\.\s+[A-Z]", msg.rstrip()[:-1]), f"more than one sentence: {msg}"
 
 
+def call(**kw) -> DenoiseCall:
+    fields = dict(request_id="req-call", conditioning_id="req-t2va", seed=1234, num_inference_steps=4)
+    fields.update(kw)
+    return DenoiseCall(**fields)
+
+
 def t2va(dtype=torch.float32, **kw) -> EncodedRequest:
     fields = dict(
-        request_id="req-t2va", workflow="t2va", height=H, width=W, num_frames=FRAMES, num_inference_steps=4,
-        seed=1234, prompt_embeds=wt(randn(1, 15, 32, dtype=dtype, seed=1)), text_token_tags=wt(torch.arange(15) % 3),
+        request_id="req-t2va", workflow="t2va", height=H, width=W, num_frames=FRAMES,
+        prompt_embeds=wt(randn(1, 15, 32, dtype=dtype, seed=1)), text_token_tags=wt(torch.arange(15) % 3),
     )
     fields.update(kw)
     return EncodedRequest(**fields)
@@ -280,7 +287,8 @@ def test_pipeline_inputs_per_workflow():
     assert inp["prompt_embeds"].dtype == torch.bfloat16
     assert inp["text_token_tags"].dtype == torch.int64
     assert "condition_latents" not in inp
-    assert (inp["height"], inp["width"], inp["num_frames"], inp["num_inference_steps"]) == (H, W, FRAMES, 4)
+    assert (inp["height"], inp["width"], inp["num_frames"]) == (H, W, FRAMES)
+    assert "num_inference_steps" not in inp  # the run's own, from its DenoiseCall
 
 
 # ----------------------------------------------------------------------------------------------- refusals
@@ -299,12 +307,12 @@ def _flat_truncated_latents():
 
 REFUSALS = [
     # (id, make payload, validate kwargs, words the message must contain)
-    ("version-A->B", lambda: dataclasses.replace(t2va(), schema_version=2), {},
+    ("version-A->B", lambda: dataclasses.replace(t2va(), schema_version=1), {},
      ["A->B", "version 2", "version 1", "same comfy-h3 version"]),
-    ("version-B->A", lambda: dataclasses.replace(denoised(), schema_version=2), {},
-     ["B->A", "version 2", "version 1"]),
+    ("version-B->A", lambda: dataclasses.replace(denoised(), schema_version=3), {},
+     ["B->A", "version 3", "version 2"]),
     ("version-missing", lambda: dataclasses.replace(denoised(), schema_version=None), {},
-     ["version None", "version 1"]),
+     ["version None", "version 2"]),
     ("latents-fp16", lambda: denoised(latents=wt(randn(*_LAT, dtype=torch.float16))), {},
      ["latents", "float16", "expected float32"]),
     ("latents-bf16", lambda: denoised(latents=wt(randn(*_LAT, dtype=torch.bfloat16))), {},
@@ -378,9 +386,16 @@ REFUSALS = [
     ("empty-request-id", lambda: t2va(request_id=""), {}, ["request_id", "''", "non-empty"]),
     ("request-id-not-str", lambda: denoised(request_id=7), {}, ["request_id", "7", "non-empty string"]),
     ("unknown-workflow", lambda: t2va(workflow="i2v"), {}, ["workflow", "'i2v'", "t2va", "fl2va", "ref2va"]),
-    ("steps-zero", lambda: t2va(num_inference_steps=0), {}, ["num_inference_steps", "0", "positive integer"]),
-    ("seed-negative", lambda: t2va(seed=-1), {}, ["seed", "-1", "2**64"]),
-    ("seed-too-big", lambda: t2va(seed=2**64), {}, ["seed", str(2**64), "2**64"]),
+    ("steps-zero", lambda: call(num_inference_steps=0), {}, ["num_inference_steps", "0", "positive integer"]),
+    ("steps-bool", lambda: call(num_inference_steps=True), {}, ["num_inference_steps", "True", "positive integer"]),
+    ("seed-negative", lambda: call(seed=-1), {}, ["seed", "-1", "2**64"]),
+    ("seed-too-big", lambda: call(seed=2**64), {}, ["seed", str(2**64), "2**64"]),
+    ("call-empty-request-id", lambda: call(request_id=""), {}, ["request_id", "''", "non-empty"]),
+    ("call-adapter-weight", lambda: call(adapters=(AdapterSpec("/b/lora.safetensors", 11.0),)), {},
+     ["adapters[0].weight", "11.0", "-10..10"]),
+    ("call-for-another-payload", lambda: call(conditioning_id="other"), {"payload": t2va()},
+     ["req-call", "other", "req-t2va"]),
+    ("call-old-schema", lambda: call(schema_version=1), {}, ["A->B call", "version 1", f"version {SCHEMA_VERSION}"]),
     ("tensor-not-wiretensor", lambda: t2va(prompt_embeds=randn(1, 15, 32)), {},
      ["prompt_embeds", "Tensor", "WireTensor"]),
     ("fl2va-two-anchors-one-latent", lambda: fl2va(condition_latents=fl2va().condition_latents[:1]), {},

@@ -18,7 +18,9 @@ turns token authentication on by default for ``ray start``: this module exists s
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import ipaddress
 import os
 import pathlib
@@ -28,6 +30,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+
+import psutil
 
 ROLE_A = "h3_role_a"
 ROLE_B = "h3_role_b"
@@ -39,6 +43,14 @@ A_IP, B_IP = "127.0.0.2", "127.0.0.3"
 
 class ClusterError(RuntimeError):
     pass
+
+
+def _ray():
+    """Ray, imported on first use: it reads its auth settings at import (:func:`connect` sets them first), and
+    ComfyUI loads the pack, this module included, without it."""
+    import ray  # noqa: PLC0415 - see the docstring
+
+    return ray
 
 
 @dataclass(frozen=True)
@@ -70,7 +82,7 @@ class Topology:
 
 
 def list_nodes() -> list[NodeInfo]:
-    import ray
+    ray = _ray()
 
     out = []
     for n in ray.nodes():
@@ -144,8 +156,6 @@ def _tcp_reachable(address: str, timeout: float) -> bool:
 def connect(address: str, namespace: str = NAMESPACE, token_file: str | None = None, timeout: float = 15.0,
             node_ip: str | None = None) -> None:
     """Join the Ray cluster at ``host:port`` as a driver, with token auth unless the address is loopback."""
-    import sys
-
     if not _tcp_reachable(address, min(timeout, 5.0)):
         raise ClusterError(
             f"Ray head {address} is not reachable over TCP; start it (`python -m comfy_h3_nodes cluster start-head`) "
@@ -159,7 +169,7 @@ def connect(address: str, namespace: str = NAMESPACE, token_file: str | None = N
                 "in the environment that starts ComfyUI."
             )
         os.environ.update(env)
-    import ray
+    ray = _ray()
 
     if ray.is_initialized():
         return
@@ -180,12 +190,10 @@ def _ray_nodes_off_main_thread():
     ``ValueError`` off the main thread. Skip only that registration, as ``ray.init`` itself does off the main thread;
     the atexit clean-up, the reaper process and the children's parent-death signal still take the raylets down with
     this process."""
-    import threading
-
     if threading.current_thread() is threading.main_thread():
         yield
         return
-    import ray._private.utils as ray_utils
+    import ray._private.utils as ray_utils  # noqa: PLC0415 - see _ray()
 
     original = ray_utils.set_sigterm_handler
     ray_utils.set_sigterm_handler = lambda handler: None
@@ -201,8 +209,6 @@ def _sigaction_get(signum: int):
     if not sys.platform.startswith("linux"):
         return None
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         buf = ctypes.create_string_buffer(512)  # larger than struct sigaction on every Linux ABI
         return (libc, buf) if libc.sigaction(signum, None, buf) == 0 else None
@@ -289,8 +295,6 @@ def install_exit_hooks() -> bool:
 def _track(cluster: "EmbeddedCluster") -> None:
     """Stop ``cluster`` when the process exits (its processes exist from here on, even if the start fails later)."""
     global _atexit_registered
-    import atexit
-
     with _hooks_lock:
         if cluster not in _live:
             _live.append(cluster)
@@ -308,8 +312,6 @@ def _untrack(cluster: "EmbeddedCluster") -> None:
 def _wait_dead(procs: list, timeout: float) -> None:
     """Until none of ``procs`` runs any more. A killed grandchild stays a zombie until init reaps it, which
     ``psutil.wait_procs`` waits for (about 1 s here); a zombie holds nothing."""
-    import psutil
-
     deadline = time.monotonic() + timeout
     while procs and time.monotonic() < deadline:
         still = []
@@ -341,8 +343,8 @@ class EmbeddedCluster:
         return self._cluster.address if self._cluster else ""
 
     def start(self) -> "EmbeddedCluster":
-        import ray
-        from ray.cluster_utils import Cluster
+        ray = _ray()
+        from ray.cluster_utils import Cluster  # noqa: PLC0415 - see _ray()
 
         if ray.is_initialized():
             raise ClusterError("Ray is already initialised in this process; shut it down before starting a cluster.")
@@ -383,7 +385,7 @@ class EmbeddedCluster:
         self.b_node = None
 
     def shutdown(self) -> None:
-        import ray
+        ray = _ray()
 
         _untrack(self)
         if ray.is_initialized():
@@ -396,14 +398,12 @@ class EmbeddedCluster:
         """Kill the whole cluster at once (process exit): freeze the processes Ray started (raylets, GCS, monitors) so
         that none starts another, read their descendants (workers, actors, agents), SIGKILL all of them and reap
         them. Nothing of the cluster is needed any more, and one-by-one graceful stops take about 1 s per process."""
-        import psutil
-
         _untrack(self)
         cluster, self._cluster, self.b_node = self._cluster, None, None
         if cluster is None:
             return
         if disconnect:
-            import ray
+            ray = _ray()
 
             if ray.is_initialized():
                 ray.shutdown()

@@ -29,6 +29,10 @@ import subprocess
 import sys
 import time
 
+import psutil
+
+from ..engine.contract.versions import versions
+
 KV_NAMESPACE = "comfy_h3"
 KV_VERSIONS = "h3:a_versions"
 MARKER_ENV = "H3_RAY_NODE"
@@ -52,8 +56,6 @@ class NodeError(RuntimeError):
 # ---------------------------------------------------------------------------------------------------------- versions
 def local_versions() -> dict[str, str]:
     """What both machines must agree on: Python and the packages of :func:`actor_common.versions`."""
-    from comfy_h3_nodes.engine.process import versions
-
     return {"python": platform.python_version(), **versions()}
 
 
@@ -65,8 +67,6 @@ def version_diff(mine: dict, theirs: dict) -> dict[str, tuple]:
 # ---------------------------------------------------------------------------------------------------------- network
 def iface_addresses(iface: str) -> list[str]:
     """IPv4 addresses on ``iface`` (empty when it has none); raises if the interface does not exist."""
-    import psutil
-
     addrs = psutil.net_if_addrs()
     if iface not in addrs:
         raise NodeError(f"network interface {iface!r} does not exist here (interfaces: {', '.join(sorted(addrs))}).")
@@ -74,8 +74,6 @@ def iface_addresses(iface: str) -> list[str]:
 
 
 def iface_of(ip: str) -> str | None:
-    import psutil
-
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
             return name
@@ -216,7 +214,7 @@ def publish_versions(address: str, token: dict[str, str], versions: dict, timeou
 
 
 def _gcs(address: str):
-    from ray._raylet import GcsClient
+    from ray._raylet import GcsClient  # noqa: PLC0415 - in the helper subprocess, after the token is in its env
 
     return GcsClient(address=address)
 
@@ -249,8 +247,6 @@ def _main_helper(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------------------------------------- processes
 def node_processes(temp_dir: str) -> list:
     """Every live process of the node that uses ``temp_dir``: by command line, by marker variable, and their children."""
-    import psutil
-
     temp_dir = str(temp_dir).rstrip("/")
     me = psutil.Process()
     skip = {me.pid} | {a.pid for a in me.parents()}  # never this command or the shell that runs it
@@ -294,8 +290,6 @@ def describe(procs) -> str:
 def stop_node(temp_dir: str, grace: float = 6.0) -> tuple[int, list]:
     """End this node's processes: SIGTERM to everything but the GCS (raylet first, so that it can still tell the GCS it
     leaves), then to the GCS, SIGKILL what is left after ``grace`` s per phase; ``(stopped, survivors)``."""
-    import psutil
-
     procs = node_processes(temp_dir)
 
     def name(p):

@@ -61,7 +61,7 @@ def _audio_planar(audio) -> tuple[np.ndarray, int]:
 
 
 def write_mp4(path: pathlib.Path, images, audio, fps: int, metadata: dict | None = None) -> pathlib.Path:
-    import av
+    import av  # noqa: PLC0415 - PyAV loads when a video is written, not when ComfyUI loads the pack
 
     frames = _frames_uint8(images)
     wf, rate = _audio_planar(audio)

@@ -7,13 +7,15 @@ one resident :class:`~.a_side.ASide` per (model folder, dtype, attention backend
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass
 
-from .model import catalog
 from ..cluster import ray_cluster as cl
+from .contract.configs import BConfig
 from .contract.timing import TimingLog
+from .model import catalog
 
 _lock = threading.RLock()
 TIMINGS = TimingLog()
@@ -36,32 +38,39 @@ class ClusterState:
 CLUSTER = ClusterState()
 
 
+def _a_side(model_path: str, dtype: str, attention_backend: str, device: str | None):
+    from .a_side.side import ASide  # noqa: PLC0415 - torch and diffusers load when a node first runs, not at import
+
+    return ASide(model_path, dtype=dtype, attention_backend=attention_backend, device=device)
+
+
+#: how a resident A side is built: ``(model_path, dtype, attention_backend, device) -> side`` (a benchmark may
+#: substitute a wrapper, :func:`use_a_side`)
+A_SIDE_FACTORY = _a_side
+
+
+def use_a_side(factory=None) -> None:
+    """Build resident A sides with ``factory`` from now on (None: the real one); forgets the resident ones."""
+    global A_SIDE_FACTORY
+    with _lock:
+        A_SIDE_FACTORY = factory or _a_side
+        _encoders.clear()
+
+
 def encoders(model_path: str, dtype: str = "bfloat16", attention_backend: str = "sdpa", device: str | None = None):
     """``(side, loaded_now)``: the resident A side for this configuration (loaded on first use, then reused)."""
-    from .a_side.side import ASide
-
     key = (str(model_path), dtype, attention_backend, device)
     with _lock:
         if key in _encoders:
             return _encoders[key], False
-        side = ASide(model_path, dtype=dtype, attention_backend=attention_backend, device=device)
-        side.synthetic_stages = synthetic_stages("encode", "decode")
+        side = A_SIDE_FACTORY(model_path, dtype, attention_backend, device)
         _encoders[key] = side
         return side, True
 
 
-def synthetic_stages(*stages: str) -> dict:
-    """Benchmark only (``bench batch``): extra seconds per stage from ``H3_SYNTHETIC_STAGES`` (JSON), else none."""
-    import json
-    import os
-
-    raw = os.environ.get("H3_SYNTHETIC_STAGES", "")
-    return {k: float(v) for k, v in (json.loads(raw) if raw else {}).items() if k in stages}
-
-
 def ensure_cluster(address: str = "local", token_file: str | None = None) -> ClusterState:
     """Join (or start, for ``local``) the cluster once per process; a different address afterwards is an error."""
-    import ray
+    import ray  # noqa: PLC0415 - Ray loads when a node first runs, not at ComfyUI's load
 
     address = (address or "local").strip()
     with _lock:
@@ -101,7 +110,7 @@ def b_model_choices() -> list[str]:
 
 def refresh_b_models(ex) -> list[str]:
     """Ask B which models it has (bounded); keeps the last answer when B does not give one."""
-    import ray
+    import ray  # noqa: PLC0415 - Ray loads when a node first runs, not at ComfyUI's load
 
     try:
         found = ray.get(ex.b.models.remote(list(A_MODEL_ROOTS) if CLUSTER.mode == "local" else None),
@@ -119,7 +128,7 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
     """An executor (A in this process) bound to the named B actor; started, topology and health checked, B's
     settings reconciled with these (see ``H3Executor.reconcile_b_config``) and B's model list refreshed.
     ``actors``: the :class:`~.executor.ActorClasses` to place (the caller's composition root decides them)."""
-    from .executor.executor import BConfig, H3Executor, SideConfig
+    from .executor import H3Executor  # noqa: PLC0415 - Ray loads when a node first runs, not at import
 
     ensure_cluster(address)
     key = (address, name, namespace, str(model_path), partition, dtype, attention_backend, precision)
@@ -137,11 +146,9 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
                 ex.reconcile_b_config(health["B"])  # another caller may have reconfigured B since
                 refresh_b_models(ex)
                 return ex
-        ex = H3Executor(SideConfig(""), BConfig(str(model_path), partition=partition, dtype=dtype,
-                                                attention_backend=attention_backend, precision=precision,
-                                                name=name, namespace=namespace, threads=threads,
-                                                synthetic_stages=synthetic_stages("denoise")),
-                        a_mode="local", timeouts=timeouts, actors=actors)
+        ex = H3Executor(None, BConfig(str(model_path), partition=partition, dtype=dtype,
+                                      attention_backend=attention_backend, precision=precision, name=name,
+                                      namespace=namespace, threads=threads), timeouts=timeouts, actors=actors)
         ex.start()
         ex._cluster_started = CLUSTER.started
         _executors[key] = ex
@@ -171,15 +178,13 @@ def status(timeout: float = 5.0) -> dict:
     """What ``GET /h3/status`` answers: cluster, nodes, actors, health, and ``workers``: every DiT worker of the
     pools this process uses (node, partitions, queue, current request and the client it serves); never raises, never
     hangs."""
-    import sys
-
     out = {"connected": False, "cluster": {"mode": CLUSTER.mode or None, "address": CLUSTER.address or None},
            "nodes": [], "actors": [], "workers": [], "error": None, "time": time.time(),
            "models": {"A": catalog.choices(A_MODEL_ROOTS), "B": b_model_choices()}}
     if "ray" not in sys.modules:
         out["error"] = "not connected: run a graph with an H3RemoteDiT node to join the cluster"
         return out
-    import ray
+    import ray  # noqa: PLC0415 - Ray loads when a node first runs, not at ComfyUI's load
 
     if not ray.is_initialized():
         out["error"] = "not connected: run a graph with an H3RemoteDiT node to join the cluster"

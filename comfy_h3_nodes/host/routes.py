@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from aiohttp import web
 
@@ -24,12 +25,14 @@ async def timings_handler(request: web.Request) -> web.Response:
     return web.json_response({"records": session.TIMINGS.to_json(rid)}, dumps=_dumps)
 
 
+#: what the pack serves (ComfyUI mirrors each under /api/...)
+ROUTES = {"/h3/status": status_handler, "/h3/timings": timings_handler}
+
+
 def add_routes(app: web.Application, prefix: str = "") -> None:
-    app.router.add_get(f"{prefix}/h3/status", status_handler)
-    app.router.add_get(f"{prefix}/h3/timings", timings_handler)
+    for path, handler in ROUTES.items():
+        app.router.add_get(f"{prefix}{path}", handler)
 
 
 def _dumps(obj) -> str:
-    import json
-
     return json.dumps(obj, default=str)

@@ -18,13 +18,17 @@ import os
 import pathlib
 import signal
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..engine.model.catalog import TINY
-
-from .. import PACK_ROOT
+from ..engine import session
+from ..engine.contract.configs import TINY
+from ..engine.contract.versions import PACK_ROOT
+from ..host import LocalHost, host, set_host
+from ..nodes import NODE_CLASS_MAPPINGS
+from . import runner_nodes
 EXAMPLES = PACK_ROOT / "example_workflows"
 UI_ONLY_TYPES = {"Note", "MarkdownNote"}
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
@@ -36,10 +40,7 @@ class WorkflowError(ValueError):
 
 
 def _mappings():
-    from ..nodes.all import NODE_CLASS_MAPPINGS
-    from .runner_nodes import CORE_NODES
-
-    return {**NODE_CLASS_MAPPINGS, **CORE_NODES}
+    return {**NODE_CLASS_MAPPINGS, **runner_nodes.CORE_NODES}
 
 
 def input_specs(cls) -> dict[str, tuple]:
@@ -245,8 +246,6 @@ class RunResult:
 
 
 async def run_prompt(api: dict, ui_workflow: dict | None = None, prompt_id: str | None = None) -> RunResult:
-    from ..host.adapter import host
-
     mappings = _mappings()
     order = check_prompt(api, mappings)
     h = host()
@@ -379,11 +378,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def execute(workflow_path: str, *, tiny: bool = False, model_path: str | None = None, sets=(), cluster=None,
             output: str = "output", events_out: str | None = None, json_out: str | None = None,
             quiet: bool = False, inputs=(), decode_on: str | None = None) -> RunResult:
-    from . import runner_nodes as runner_core
-    from ..host.adapter import LocalHost, host, set_host
-
     api, ui = load_workflow(workflow_path)
-    runner_core.INPUT_DIRS[:] = [pathlib.Path(p) for p in inputs] + [
+    runner_nodes.INPUT_DIRS[:] = [pathlib.Path(p) for p in inputs] + [
         pathlib.Path(workflow_path).resolve().parent / "inputs", EXAMPLES / "inputs"]
     if tiny:
         model_path = TINY  # each machine resolves it to its own copy, built on first use
@@ -421,14 +417,10 @@ def execute(workflow_path: str, *, tiny: bool = False, model_path: str | None = 
 
 
 def _main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()
 
 
 def _shutdown_embedded() -> None:
-    from ..engine import session
-
     if session.CLUSTER.embedded is not None:
         session.CLUSTER.embedded.shutdown()
 

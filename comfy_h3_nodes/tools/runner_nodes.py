@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import pathlib
 
+import av
 import numpy as np
+import torch
+from PIL import Image
 
 INPUT_DIRS: list[pathlib.Path] = []
 
@@ -38,9 +41,6 @@ class LoadImage:
         return {"required": {"image": ("STRING", {"image_upload": True})}}
 
     def load(self, image):
-        import torch
-        from PIL import Image
-
         with Image.open(find_input(image)) as im:
             rgb = np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0
             alpha = np.asarray(im.getchannel("A"), dtype=np.float32) / 255.0 if "A" in im.getbands() else None
@@ -58,9 +58,6 @@ class LoadAudio:
         return {"required": {"audio": ("STRING", {"audio_upload": True})}}
 
     def load(self, audio):
-        import av
-        import torch
-
         chunks, rate = [], None
         with av.open(str(find_input(audio))) as container:
             stream = container.streams.audio[0]

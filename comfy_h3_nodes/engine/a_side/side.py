@@ -15,12 +15,18 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import torch
+from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3AudioReference, MiniMaxH3ImageReference
+from diffusers.modular_pipelines.minimax_h3.modular_pipeline import resolve_canvas_size
 
-from ..model import memory_plan, split, split_decode
 from ..contract import wire
+from ..contract.configs import A_COMPONENTS, MODEL_COMPONENTS_A
+from ..contract.timing import StageRecord
+from ..contract.request import EncodeRequest, ValidEncode, validate_encode
+from ..model import memory_plan, split, split_decode
 from ..model.backends import resolve_attention_backend
-from ..process_profiling import maybe_profile
-from ..contract.request import H3Request, ValidRequest, validate_request
+from ..model.folders import check_model_dir
+from ..process import maybe_profile
 
 
 @dataclass
@@ -40,24 +46,19 @@ class ASide:
 
     def __init__(self, model_dir: str | os.PathLike, dtype: str = "bfloat16", attention_backend: str = "sdpa",
                  device: str | None = None, memory_limit_bytes: int | None = None):
-        import torch
-
         self.attention_backend = resolve_attention_backend(attention_backend)
         self.device = split.pick_device(device)
         self.dtype = dtype
-        self.model_dir = split.check_model_dir(model_dir, split.A_COMPONENTS)
+        self.model_dir = check_model_dir(model_dir, A_COMPONENTS)
         # the text encoder and VAEs at this dtype + decode working memory, against what A has: refused before loading
-        self.memory_plan = memory_plan.plan_a(self.model_dir, split.MODEL_COMPONENTS_A, dtype, self.device,
+        self.memory_plan = memory_plan.plan_a(self.model_dir, MODEL_COMPONENTS_A, dtype, self.device,
                                               limit_bytes=memory_limit_bytes).check()
-        loaded = split.load_checked(self.model_dir, split.A_COMPONENTS, dtype, self.device)
+        loaded = split.load_checked(self.model_dir, A_COMPONENTS, dtype, self.device)
         self._host = loaded.host
         self.load_records = loaded.records
         self._pipes: dict[tuple[str, str], object] = {}
         self._accepts: dict[tuple[str, str], set[str]] = {}
-        self._torch = torch
         self._decode_lock = threading.Lock()  # one decode at a time: a split decode overrides a method of the VAE
-        #: benchmark only (``bench batch``): seconds ``encode``/``decode`` sleep on top of their real work
-        self.synthetic_stages: dict = {}
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _pipe(self, workflow: str, part: str):
@@ -65,39 +66,36 @@ class ASide:
         if key not in self._pipes:
             blocks = split.split_workflow(workflow)[part]
             self._accepts[key] = {p.name for p in blocks.inputs if p.name}
-            self._pipes[key] = split.make_group_pipeline(blocks, self.model_dir, self._host, split.A_COMPONENTS)
+            self._pipes[key] = split.make_group_pipeline(blocks, self.model_dir, self._host, A_COMPONENTS)
         return self._pipes[key]
 
     def resident(self) -> dict[str, str]:
-        return {n: type(getattr(self._host, n)).__name__ for n in split.A_COMPONENTS}
+        return {n: type(getattr(self._host, n)).__name__ for n in A_COMPONENTS}
 
     def default_canvas(self) -> tuple[int, int]:
         """The canvas a t2va request without a size gets (diffusers' 16:9 default, 768x1344 for the real model)."""
-        from diffusers.modular_pipelines.minimax_h3.modular_pipeline import resolve_canvas_size
-
         host = self._host  # the full pipeline over the folder's index: it carries the canvas configs
         return resolve_canvas_size(16, 9, host.canvas_multiple, host.config.canvas_short_edge,
                                    host.config.canvas_max_pixels)
 
-    def encode_inputs(self, req: ValidRequest) -> dict:
+    def encode_inputs(self, req: ValidEncode) -> dict:
         """The keyword inputs of the encode blocks for a validated request."""
         inputs = {"prompt": req.prompt, "height": req.height, "width": req.width, "num_frames": req.num_frames}
         if req.workflow == "fl2va":
             inputs["image"] = req.first_image
             inputs["last_image"] = req.last_image
         elif req.workflow == "ref2va":
-            from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3AudioReference, MiniMaxH3ImageReference
-
             refs = [MiniMaxH3ImageReference(image=im) for im in req.reference_images]
             if req.reference_audio is not None:
-                refs.append(MiniMaxH3AudioReference(audio=self._torch.from_numpy(req.reference_audio.waveform),
+                refs.append(MiniMaxH3AudioReference(audio=torch.from_numpy(req.reference_audio.waveform),
                                                     sample_rate=req.reference_audio.sample_rate))
             inputs["references"] = refs
         return inputs
 
     # ------------------------------------------------------------------------------------------------ encode
-    def encode(self, request: H3Request | ValidRequest) -> wire.EncodedRequest:
-        req = request if isinstance(request, ValidRequest) else validate_request(request)
+    def encode(self, request: EncodeRequest | ValidEncode) -> wire.EncodedRequest:
+        """The conditioning of one request (no denoise parameters: those travel with each denoise call)."""
+        req = request if isinstance(request, ValidEncode) else validate_encode(request)
         if req.workflow == "t2va" and req.height is None:
             req = req.with_canvas(*self.default_canvas())
         pipe = self._pipe(req.workflow, "encode")
@@ -115,19 +113,15 @@ class ASide:
             height=int(height),
             width=int(width),
             num_frames=int(num_frames),
-            num_inference_steps=req.steps,
-            seed=req.seed,
             prompt_embeds=wire.WireTensor.from_torch(get("prompt_embeds")),
-            text_token_tags=wire.WireTensor.from_torch(get("text_token_tags").to(self._torch.int64)),
+            text_token_tags=wire.WireTensor.from_torch(get("text_token_tags").to(torch.int64)),
             keyframe_anchors=tuple(get("keyframe_anchors") or ()) if req.workflow == "fl2va" else (),
             condition_latents=tuple(wire.WireTensor.from_torch(t) for t in (get("condition_latents") or ())),
             audio_condition_latents=tuple(
                 wire.WireTensor.from_torch(t) for t in (get("audio_condition_latents") or ())
             ),
             references=tuple(wire.ReferenceMeta(r.kind, bool(r.has_audio)) for r in refs),
-            adapters=tuple(wire.AdapterSpec(p, w) for p, w in req.adapters),
         )
-        self._synthetic("encode")
         return payload.validate()
 
     # ------------------------------------------------------------------------------------------------ decode
@@ -144,13 +138,7 @@ class ASide:
     def decode(self, latents: wire.DenoisedLatents, validated: bool = False) -> DecodedMedia:
         t0 = time.perf_counter()
         out = self.decode_raw(latents, "np", validated)
-        self._synthetic("decode")
         return self._media(latents, out, t0)
-
-    def _synthetic(self, stage: str) -> None:
-        seconds = float(self.synthetic_stages.get(stage, 0.0))
-        if seconds > 0:
-            time.sleep(seconds)
 
     def _media(self, latents: wire.DenoisedLatents, out: dict, t0: float) -> DecodedMedia:
         frames = np.asarray(out["videos"][0], dtype=np.float32)
@@ -197,3 +185,53 @@ class ASide:
             out = pipe(latents=lat, audio_latents=latents.audio_latents.to_torch(), output_type="np",
                        output=["videos", "audio", "sampling_rate"])
         return self._media(latents, out, t0), log
+
+    # ------------------------------------------------------------------------------------------------ records
+    def encode_recorded(self, request: EncodeRequest | ValidEncode, node: str) -> tuple[wire.EncodedRequest,
+                                                                                         StageRecord]:
+        """:meth:`encode` and its record (the canvas it encoded in ``info``)."""
+        w0, t0 = time.time(), time.perf_counter()
+        payload = self.encode(request)
+        return payload, StageRecord(payload.request_id, "encode", "A", node, w0, time.time(),
+                                    compute_s=time.perf_counter() - t0, bytes=payload.field_bytes(),
+                                    info={"height": payload.height, "width": payload.width,
+                                          "num_frames": payload.num_frames, "workflow": payload.workflow})
+
+    def decode_recorded(self, latents: wire.DenoisedLatents, node: str,
+                        validated: bool = False) -> tuple[DecodedMedia, StageRecord]:
+        """:meth:`decode` and its record (A's decode, on this machine's clock)."""
+        w0, t0 = time.time(), time.perf_counter()
+        media = self.decode(latents, validated)
+        return media, StageRecord(latents.request_id, "decode", "A", node, w0, time.time(),
+                                  compute_s=time.perf_counter() - t0, bytes=_media_bytes(media))
+
+    def decode_split_recorded(self, latents: wire.DenoisedLatents, share, should_cancel: Callable[[], bool],
+                              node: str, validated: bool = False) -> tuple[DecodedMedia, list[StageRecord]]:
+        """:meth:`decode_split` with ``share`` (a :class:`~..executor.handoff.ShareReceiver` of B's clips) and its
+        records: A's (its clips, the blend, B's frames' wait, fetch and materialisation), then B's own when B's share
+        arrived. The note says what ran where, and when A decoded B's clips itself."""
+        w0 = time.time()
+        media, served = self.decode_split(latents, share, should_cancel, validated)
+        n, b0 = served.clips, share.start
+        a_clips = [i for i in served.decoded if i < b0]
+        took_over = [i for i in served.decoded if i >= b0]
+        note = f"split decode: A clips {_span(a_clips)}, B clips {_span(list(range(b0, n)))} of {n}"
+        if took_over:
+            note += f"; B's share was lost ({share.failure}): A decoded B's clips {_span(took_over)} itself"
+        compute = media.timings["decode_s"] - share.producer_wait_s - share.fetch_s - share.materialize_s
+        a_rec = StageRecord(latents.request_id, "decode", "A", node, w0, time.time(),
+                            producer_wait_s=share.producer_wait_s, fetch_s=share.fetch_s,
+                            materialize_s=share.materialize_s, compute_s=max(compute, 0.0),
+                            bytes={**_media_bytes(media), "b_frames": int(share.bytes)}, note=note,
+                            info={"decode_on": "A+B", "clips": n, "a_clips": [0, b0], "b_clips": [b0, n],
+                                  "a_decoded": list(served.decoded), "b_received": list(share.received),
+                                  "a_clip_s": [round(x, 5) for x in served.decoded_s], "b_lost": share.failure})
+        return media, [a_rec] + ([share.record] if share.record is not None else [])
+
+
+def _media_bytes(media: DecodedMedia) -> dict:
+    return {"frames": int(media.frames.nbytes), "audio": int(media.audio.nbytes)}
+
+
+def _span(clips: list) -> str:
+    return f"{clips[0]}-{clips[-1]}" if len(clips) > 1 else f"{clips[0]}" if clips else "none"

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
-from ..model.catalog import TINY
+from .configs import TINY
+from .wire import AdapterSpec, DenoiseCall
 
 FPS = 24
 MIN_SECONDS, MAX_SECONDS = 5.0, 15.0
@@ -41,18 +43,17 @@ class AudioClip:
 
 
 @dataclass
-class H3Request:
+class EncodeRequest:
+    """What A encodes: the prompt, the canvas and frames, and keyframes or references (the workflow follows)."""
+
     prompt: str
     height: int | None = None
     width: int | None = None
     num_frames: int = 124
-    steps: int = 50
-    seed: int = 0
     first_image: Any = None
     last_image: Any = None
     reference_images: list = field(default_factory=list)
     reference_audio: AudioClip | None = None
-    adapters: list = field(default_factory=list)  # (path on B, weight) pairs: LoRA adapters active for this request
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @property
@@ -62,6 +63,19 @@ class H3Request:
         if self.first_image is not None or self.last_image is not None:
             return "fl2va"
         return "t2va"
+
+
+@dataclass
+class H3Request(EncodeRequest):
+    """A whole request: what A encodes, and how B denoises it (its seed, steps and LoRA adapters)."""
+
+    steps: int = 50
+    seed: int = 0
+    adapters: list = field(default_factory=list)  # (path on B, weight) pairs: LoRA adapters active for this request
+
+    def params(self) -> "DenoiseParams":
+        """How B denoises it (checked)."""
+        return validate_params(self.steps, self.seed, self.adapters)
 
 
 # ----------------------------------------------------------------------------------------------- numbers
@@ -142,6 +156,26 @@ def check_cluster_address(address: Any) -> str:
     return addr
 
 
+def parse_actor_spec(spec: str) -> tuple[str, ...]:
+    """``"a, b*"`` -> ``("a", "b*")``; an empty spec is an error."""
+    parts = tuple(p.strip() for p in (spec or "").split(",") if p.strip())
+    if not parts:
+        raise ValueError("actor_name is empty; give a name, a comma-separated list or a prefix with '*' "
+                         "(default h3_dit*).")
+    for p in parts:
+        if "*" in p.rstrip("*") or any(c in p for c in "?[]"):
+            raise ValueError(f"actor_name part {p!r}: only a trailing '*' is a wildcard (e.g. h3_dit*).")
+    return parts
+
+
+def check_actor_name(spec: Any) -> tuple[str, ...]:
+    """``H3RemoteDiT.actor_name``: a name, a comma-separated list or prefixes with ``*``."""
+    try:
+        return parse_actor_spec(spec if isinstance(spec, str) else "")
+    except ValueError as exc:
+        raise RequestError(f"{exc} Use the name `remote_worker setup` printed.") from None
+
+
 def check_steps(steps: Any) -> int:
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
         raise RequestError(f"steps is {steps!r}; it must be a whole number between 1 and {MAX_STEPS}.")
@@ -174,8 +208,6 @@ def check_prompt(prompt: Any) -> str:
 # ----------------------------------------------------------------------------------------------- media
 def to_pil_rgb(image: Any, name: str):
     """PIL RGB from a PIL image, or an ``[H,W,3]`` / ``[1,H,W,3]`` array or tensor (uint8, or float in 0..1)."""
-    from PIL import Image
-
     if isinstance(image, Image.Image):
         if image.mode != "RGB":
             raise RequestError(f"{name} is a {image.mode} image; convert it to RGB (3 channels).")
@@ -255,8 +287,8 @@ def check_adapters(adapters: Any) -> tuple:
 
 
 @dataclass
-class ValidRequest:
-    """A request that passed every check, with frames snapped and media normalised."""
+class ValidEncode:
+    """An encode request that passed every check, with frames snapped and media normalised."""
 
     request_id: str
     workflow: str
@@ -264,26 +296,55 @@ class ValidRequest:
     height: int | None
     width: int | None
     num_frames: int
-    steps: int
-    seed: int
     first_image: Any = None
     last_image: Any = None
     reference_images: list = field(default_factory=list)
     reference_audio: AudioClip | None = None
-    adapters: tuple = ()
 
-    def with_canvas(self, height: int, width: int) -> "ValidRequest":
+    def with_canvas(self, height: int, width: int) -> "ValidEncode":
         return replace(self, height=height, width=width)
 
 
-def validate_request(req: H3Request) -> ValidRequest:
+@dataclass(frozen=True)
+class DenoiseParams:
+    """How B denoises one run of an encoded request, checked: these travel with the denoise call
+    (:class:`~.wire.DenoiseCall`), never inside the encoded payload."""
+
+    steps: int = 50
+    seed: int = 0
+    adapters: tuple = ()  # ((path on B, weight), ...)
+
+    def call(self, request_id: str, conditioning_id: str):
+        return DenoiseCall(request_id, conditioning_id, int(self.seed), int(self.steps),
+                           tuple(AdapterSpec(p, float(w)) for p, w in self.adapters))
+
+
+@dataclass
+class ValidRequest:
+    """A whole request that passed every check: what A encodes and how B denoises it."""
+
+    encode: ValidEncode
+    params: DenoiseParams
+
+    @property
+    def request_id(self) -> str:
+        return self.encode.request_id
+
+    @property
+    def workflow(self) -> str:
+        return self.encode.workflow
+
+
+def validate_params(steps: Any = 50, seed: Any = 0, adapters: Any = ()) -> DenoiseParams:
+    return DenoiseParams(check_steps(steps), check_seed(seed), check_adapters(adapters))
+
+
+def validate_encode(req: EncodeRequest) -> ValidEncode:
     if not isinstance(req.request_id, str) or not req.request_id or len(req.request_id) > 128:
         raise RequestError(f"request_id is {req.request_id!r}; give a non-empty string of at most 128 characters.")
     prompt = check_prompt(req.prompt)
     height, width = check_canvas(req.height, req.width)
     frames = check_frames(req.num_frames)
-    steps = check_steps(req.steps)
-    seed = check_seed(req.seed)
     has_keyframes = req.first_image is not None or req.last_image is not None
     refs = list(req.reference_images or [])
     if has_keyframes and (refs or req.reference_audio is not None):
@@ -304,8 +365,13 @@ def validate_request(req: H3Request) -> ValidRequest:
         raise RequestError(
             "an audio reference was given alone; MiniMax-H3 needs at least one image reference beside it."
         )
-    return ValidRequest(
+    return ValidEncode(
         request_id=req.request_id, workflow=req.workflow, prompt=prompt, height=height, width=width,
-        num_frames=frames, steps=steps, seed=seed, first_image=first, last_image=last,
-        reference_images=images, reference_audio=audio, adapters=check_adapters(req.adapters),
+        num_frames=frames, first_image=first, last_image=last, reference_images=images, reference_audio=audio,
     )
+
+
+def validate_request(req: H3Request) -> ValidRequest:
+    """Every check of a whole request, before anything runs: the encode part, then the denoise parameters."""
+    encode = validate_encode(req)
+    return ValidRequest(encode, validate_params(req.steps, req.seed, req.adapters))

@@ -24,6 +24,17 @@ CSV_FIELDS = ("request_id", "stage", "machine", "node", "start", "end", "produce
 
 
 @dataclass(frozen=True)
+class StepRecord:
+    """One denoise step as B timed it: ``index`` of ``total`` model evaluations, its seconds. ``request_id`` is set
+    where the step events reach A (B's own records of a request need none)."""
+
+    index: int
+    total: int
+    seconds: float
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
 class StageRecord:
     request_id: str
     stage: str

@@ -2,7 +2,9 @@
 
 Frozen dataclasses cross the machines, and nothing else:
 
-* :class:`EncodedRequest` (A->B): what diffusers' ``denoise.*`` blocks read from the encode blocks, minimal.
+* :class:`EncodedRequest` (A->B): what diffusers' ``denoise.*`` blocks read from the encode blocks, minimal: the
+  conditioning only, so one encode can be denoised many times (other seeds, steps, adapters);
+* :class:`DenoiseCall` (A->B, with the call): one denoise run of an encoded request: its seed, steps and adapters;
 * :class:`DenoisedLatents` (B->A): what the ``decode.*`` blocks read back.
 * :class:`DecodedClip` (B->A, split decode only): one video VAE clip B decoded from the latents it holds.
 
@@ -25,12 +27,14 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+from .configs import WORKFLOWS
+
+#: 2: the denoise parameters (seed, steps, adapters) left the encoded payload for :class:`DenoiseCall`
+SCHEMA_VERSION = 2
 
 #: Largest payload either side accepts, in bytes (A->B with nine image references is about 0.7 GB at real scale).
 DEFAULT_MAX_PAYLOAD_BYTES = int(os.environ.get("H3_MAX_PAYLOAD_BYTES", str(1 << 30)))
 
-WORKFLOWS = ("t2va", "fl2va", "ref2va")
 REFERENCE_KINDS = ("image", "video", "audio")
 KEYFRAME_ANCHORS = ("first", "last")
 
@@ -75,7 +79,7 @@ class WireTensor:
     @classmethod
     def from_torch(cls, tensor) -> "WireTensor":
         """Wrap a torch tensor without copying when it is already a contiguous CPU tensor."""
-        import torch
+        import torch  # noqa: PLC0415 - tensors convert only when a payload is made or read; the contract loads with ComfyUI
 
         t = tensor.detach()
         if t.device.type != "cpu":
@@ -91,7 +95,7 @@ class WireTensor:
     # -- receiver side -------------------------------------------------------------------------------------------
     def to_torch(self):
         """A torch tensor over the same memory (no copy). Read-only on the receiver: clone before in-place work."""
-        import torch
+        import torch  # noqa: PLC0415 - tensors convert only when a payload is made or read; the contract loads with ComfyUI
 
         arr = self.data
         with warnings.catch_warnings():
@@ -171,15 +175,12 @@ class EncodedRequest:
     height: int
     width: int
     num_frames: int
-    num_inference_steps: int
-    seed: int
     prompt_embeds: WireTensor
     text_token_tags: WireTensor
     keyframe_anchors: tuple[str, ...] = ()
     condition_latents: tuple[WireTensor, ...] = ()
     audio_condition_latents: tuple[WireTensor, ...] = ()
     references: tuple[ReferenceMeta, ...] = ()
-    adapters: tuple[AdapterSpec, ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     def tensors(self) -> dict[str, WireTensor]:
@@ -199,16 +200,6 @@ class EncodedRequest:
         """Check everything B relies on; ``text_dim`` is B's transformer ``text_dim`` when known."""
         _check_version(self, "A->B")
         _check_common(self, max_bytes)
-        if not isinstance(self.num_inference_steps, int) or self.num_inference_steps < 1:
-            raise WireError(f"num_inference_steps is {self.num_inference_steps!r}, expected a positive integer.")
-        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
-            raise WireError(f"seed is {self.seed!r}, expected an integer in [0, 2**64).")
-        for i, a in enumerate(self.adapters):
-            if not isinstance(a, AdapterSpec) or not isinstance(a.path, str) or not a.path:
-                raise WireError(f"adapters[{i}] is {a!r}, expected AdapterSpec(path, weight) with a file path.")
-            if isinstance(a.weight, bool) or not isinstance(a.weight, (int, float)) or not np.isfinite(a.weight) \
-                    or abs(a.weight) > 10:
-                raise WireError(f"adapters[{i}].weight is {a.weight!r}, expected a finite number in -10..10.")
         self.prompt_embeds.check("prompt_embeds", _FLOAT_DTYPES, (1, None, text_dim))
         num_tokens = self.prompt_embeds.shape[1]
         if num_tokens < 1:
@@ -253,14 +244,14 @@ class EncodedRequest:
         return self
 
     def pipeline_inputs(self) -> dict[str, Any]:
-        """The keyword inputs of diffusers' denoise blocks (tensors as zero-copy torch views), except the generator."""
+        """The keyword inputs of diffusers' denoise blocks from the conditioning (tensors as zero-copy torch views);
+        the run's own (steps; the generator from the seed) come from its :class:`DenoiseCall`."""
         inputs: dict[str, Any] = {
             "prompt_embeds": self.prompt_embeds.to_torch(),
             "text_token_tags": self.text_token_tags.to_torch(),
             "height": self.height,
             "width": self.width,
             "num_frames": self.num_frames,
-            "num_inference_steps": self.num_inference_steps,
         }
         if self.workflow == "fl2va":
             inputs["keyframe_anchors"] = tuple(self.keyframe_anchors)
@@ -270,6 +261,42 @@ class EncodedRequest:
             inputs["audio_condition_latents"] = [t.to_torch() for t in self.audio_condition_latents]
             inputs["normalized_references"] = list(self.references)
         return inputs
+
+
+@dataclass(frozen=True)
+class DenoiseCall:
+    """A->B with the denoise call: one run of an encoded request. ``request_id`` names this run (its records, its
+    latents); ``conditioning_id`` the :class:`EncodedRequest` it denoises (the first run of an encode shares its id,
+    later ones are ``<id>.2``, ...), so B refuses a payload that is not the one the call is about."""
+
+    request_id: str
+    conditioning_id: str
+    seed: int
+    num_inference_steps: int
+    adapters: tuple[AdapterSpec, ...] = ()
+    schema_version: int = SCHEMA_VERSION
+
+    def validate(self, payload: "EncodedRequest | None" = None) -> "DenoiseCall":
+        _check_version(self, "A->B call")
+        for name in ("request_id", "conditioning_id"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v:
+                raise WireError(f"{name} is {v!r}, expected a non-empty string.")
+        if isinstance(self.num_inference_steps, bool) or not isinstance(self.num_inference_steps, int) \
+                or self.num_inference_steps < 1:
+            raise WireError(f"num_inference_steps is {self.num_inference_steps!r}, expected a positive integer.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise WireError(f"seed is {self.seed!r}, expected an integer in [0, 2**64).")
+        for i, a in enumerate(self.adapters):
+            if not isinstance(a, AdapterSpec) or not isinstance(a.path, str) or not a.path:
+                raise WireError(f"adapters[{i}] is {a!r}, expected AdapterSpec(path, weight) with a file path.")
+            if isinstance(a.weight, bool) or not isinstance(a.weight, (int, float)) or not np.isfinite(a.weight) \
+                    or abs(a.weight) > 10:
+                raise WireError(f"adapters[{i}].weight is {a.weight!r}, expected a finite number in -10..10.")
+        if payload is not None and payload.request_id != self.conditioning_id:
+            raise WireError(f"the denoise call of request {self.request_id} is for the conditioning "
+                            f"{self.conditioning_id}, but the payload is {payload.request_id}'s.")
+        return self
 
 
 @dataclass(frozen=True)
@@ -340,8 +367,8 @@ class DecodedClip:
 
 
 def video_latent_frames(num_frames: int) -> int:
-    """Latent frames of a ``17n+5`` frame count (diffusers' own arithmetic)."""
-    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import video_latent_num_frames
+    """Latent frames of a ``17n+5`` frame count (diffusers' own arithmetic, loaded when a payload is checked)."""
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import video_latent_num_frames  # noqa: PLC0415
 
     try:
         return video_latent_num_frames(num_frames, 17, 5)
@@ -350,7 +377,8 @@ def video_latent_frames(num_frames: int) -> int:
 
 
 def audio_latent_frames(num_frames: int) -> int:
-    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import audio_latent_num_frames
+    """Audio latent frames of a clip (diffusers' own arithmetic, loaded when a payload is checked)."""
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import audio_latent_num_frames  # noqa: PLC0415
 
     return audio_latent_num_frames(num_frames)
 

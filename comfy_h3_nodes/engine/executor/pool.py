@@ -32,25 +32,14 @@ from dataclasses import dataclass, field
 
 import ray
 
-from ..model import split
+from ..contract.configs import PARTITION_OF
+from ..contract.request import parse_actor_spec as parse_spec
 
 log = logging.getLogger("comfy_h3.pool")
 
 
 class PoolError(RuntimeError):
     """No worker of the pool can take a request; the message says which spec, namespace and what was seen."""
-
-
-def parse_spec(spec: str) -> tuple[str, ...]:
-    """``"a, b*"`` -> ``("a", "b*")``; an empty spec is an error."""
-    parts = tuple(p.strip() for p in (spec or "").split(",") if p.strip())
-    if not parts:
-        raise ValueError("actor_name is empty; give a name, a comma-separated list or a prefix with '*' "
-                         "(default h3_dit*).")
-    for p in parts:
-        if "*" in p.rstrip("*") or any(c in p for c in "?[]"):
-            raise ValueError(f"actor_name part {p!r}: only a trailing '*' is a wildcard (e.g. h3_dit*).")
-    return parts
 
 
 def matches(spec: str | tuple, name: str) -> bool:
@@ -113,7 +102,7 @@ def choose(workers: list[Worker], partition: str, exclude: tuple[str, ...] = ())
 
 
 def partition_of(workflow: str) -> str:
-    return split.PARTITION_OF.get(workflow, "transformer")
+    return PARTITION_OF.get(workflow, "transformer")
 
 
 class DiTPool:

@@ -13,15 +13,15 @@ model roots.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pathlib
 import shutil
 import tempfile
 from typing import Iterable
 
-from .split import MODEL_INDEX
+from ..contract.configs import MODEL_INDEX, TINY
 
-TINY = "tiny-random"
 TINY_SEED = 0
 #: how deep under a model root a checkpoint folder may sit (``root/MiniMax-H3``, ``root/vendor/MiniMax-H3``)
 SEARCH_DEPTH = 2
@@ -49,7 +49,7 @@ def tiny_checkpoint_dir(announce=print) -> pathlib.Path:
     with _file_lock(root / ".tiny.lock"):
         if (path / MODEL_INDEX).is_file():
             return path
-        from .tiny import build_tiny_checkpoint
+        from .tiny import build_tiny_checkpoint  # built on first use: torch and diffusers load only then
 
         if announce is not None:
             announce(f"[comfy-h3] generating the tiny random checkpoint in {path} (first use, a few seconds)")
@@ -73,7 +73,7 @@ def tiny_lora_path(announce=print) -> pathlib.Path:
     root.mkdir(parents=True, exist_ok=True)
     with _file_lock(root / ".tiny.lock"):
         if not path.is_file():
-            from .tiny import build_tiny_lora
+            from .tiny import build_tiny_lora  # built on first use: torch and diffusers load only then
 
             if announce is not None:
                 announce(f"[comfy-h3] generating the tiny random LoRA {path} (first use)")
@@ -86,8 +86,6 @@ def tiny_lora_path(announce=print) -> pathlib.Path:
 
 @contextlib.contextmanager
 def _file_lock(path: pathlib.Path):
-    import fcntl
-
     with open(path, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -150,7 +148,7 @@ def find_transformer_files(roots: Iterable[str | os.PathLike], depth: int = SEAR
     transformer B can load, recognised by its keys (``formats.is_h3_transformer``: headers only, never the name);
     pruned, VSA, LoRA and other models' files are left out. Files inside diffusers folders are their shards, not
     choices, and are skipped. Sorted absolute paths."""
-    from . import formats
+    from . import formats  # reads file headers; not needed when ComfyUI loads the pack
 
     def shards_only(d: pathlib.Path) -> bool:  # a diffusers checkpoint or component folder: its files are shards
         return _is_checkpoint(d) or (d / "config.json").is_file()

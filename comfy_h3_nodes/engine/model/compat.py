@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 
+from transformers import processing_utils
+from transformers.models.auto import video_processing_auto
+from transformers.processing_utils import ProcessorMixin
+
 # --------------------------------------------------------------------------------------------------
 
 _COMPAT_MARKER = "_comfy_h3_no_video_processor_compat"
@@ -38,9 +42,6 @@ def ensure_processor_compat() -> None:
         processor folder that holds no video processor config at all.
     A folder that does carry a video processor config still loads (or fails) exactly as before.
     """
-    from transformers import processing_utils
-    from transformers.processing_utils import ProcessorMixin
-
     if getattr(ProcessorMixin, _COMPAT_MARKER, False):
         return
 
@@ -57,8 +58,6 @@ def ensure_processor_compat() -> None:
             pretrained_model_name_or_path, kwargs.get("subfolder"), processor_dict
         ):
             return original_get_arguments(cls, pretrained_model_name_or_path, processor_dict, **kwargs)
-
-        from transformers.models.auto import video_processing_auto
 
         auto_cls = video_processing_auto.AutoVideoProcessor
         saved = auto_cls.__dict__["from_pretrained"]

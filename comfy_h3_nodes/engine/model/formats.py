@@ -40,7 +40,10 @@ import pathlib
 import struct
 from dataclasses import dataclass, field
 
-from .split import PARTITIONS, ModelFolderError
+import gguf
+
+from ..contract.configs import PARTITIONS
+from ..contract.errors import ModelFolderError
 
 H3_CLASS = "MiniMaxH3Transformer3DModel"
 #: diffusers' own detection key for the published single-file layout (``CHECKPOINT_KEY_NAMES["minimax-h3"]``)
@@ -154,10 +157,6 @@ def read_safetensors_header(path: str | os.PathLike) -> tuple[dict[str, TensorIn
 def read_gguf_header(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], dict]:
     """Tensor infos (torch-order logical shapes) and scalar metadata of a ``.gguf`` file. ``GGUFReader`` parses the
     header and memory-maps the data; no tensor data is touched here."""
-    try:
-        import gguf
-    except ImportError as exc:  # pragma: no cover - gguf is a dependency of the pack
-        raise FormatError(f"reading {path} needs the `gguf` package (pip install gguf): {exc}") from exc
     p = pathlib.Path(path)
     try:
         reader = gguf.GGUFReader(str(p), "r")
@@ -368,6 +367,7 @@ def detect(path: str | os.PathLike, partition: str = "transformer",
         tensors, meta = read_gguf_header(p)
         classify_keys(list(tensors), str(p))
         try:
+            # diffusers (and torch) load only when a GGUF file is checked, never to list or read headers
             from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
 
             supported = {q.name for q in SUPPORTED_GGUF_QUANT_TYPES} | set(GGUF_PLAIN)

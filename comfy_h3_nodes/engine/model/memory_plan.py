@@ -30,13 +30,21 @@ import pathlib
 import re
 from dataclasses import asdict, dataclass, field
 
+import psutil
+import torch
+from accelerate import init_empty_weights
+from diffusers import MiniMaxH3Transformer3DModel
+from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
+from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
+
+from ..contract import wire
+from ..contract.configs import PARTITIONS, PRECISIONS
+from ..contract.errors import ModelFolderError
 from . import formats
-from .split import PARTITIONS, ModelFolderError
 
 LIMIT_ENV = "H3_MEMORY_LIMIT_BYTES"
 MARGIN_ENV = "H3_MEMORY_MARGIN"
 DEFAULT_MARGIN = 0.03
-PRECISIONS = ("auto", "bf16", "fp8", "gguf")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 #: the default canvas a plan budgets working memory for (t2va's default size, 124 frames, 256 prompt tokens)
 DEFAULT_CANVAS = (768, 1344, 124)
@@ -60,9 +68,6 @@ def human(n: float) -> str:
 @functools.lru_cache(maxsize=8)
 def _skeleton(config_json: str):
     """The transformer built on the meta device from its config (no weights): names, shapes, module types."""
-    from accelerate import init_empty_weights
-    from diffusers import MiniMaxH3Transformer3DModel
-
     config = {k: v for k, v in json.loads(config_json).items() if not k.startswith("_")}
     with init_empty_weights():
         return MiniMaxH3Transformer3DModel.from_config(config)
@@ -81,8 +86,6 @@ def keep_fp32(cls, name: str) -> bool:
 
 
 def _fp8_skip_patterns(cls) -> tuple[str, ...]:
-    from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
-
     return tuple(set(DEFAULT_SKIP_MODULES_PATTERN) | set(getattr(cls, "_keep_in_fp32_modules", None) or [])
                  | set(getattr(cls, "_skip_layerwise_casting_patterns", None) or []))
 
@@ -90,8 +93,6 @@ def _fp8_skip_patterns(cls) -> tuple[str, ...]:
 def fp8_cast_modules(model) -> set[str]:
     """Names of the leaf modules ``enable_layerwise_casting`` stores in fp8 (diffusers' traversal: a module whose
     name matches a skip pattern is skipped with everything under it; supported layers are cast whole)."""
-    from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
-
     patterns = _fp8_skip_patterns(type(model))
     out: set[str] = set()
 
@@ -176,8 +177,6 @@ def resolve_precision(precision: str, source: formats.TransformerSource) -> str:
 def packed_rows(height: int, width: int, frames: int, tokens: int = 256) -> int:
     """Rows of B's packed sequence: video patches (2x2 of the 16x latent), stereo audio rows, prompt tokens
     (shared/design.md section 2: 37,966 rows at 1344x768x124)."""
-    from ..contract import wire
-
     f = wire.video_latent_frames(frames)
     return f * (height // 32) * (width // 32) + 2 * wire.audio_latent_frames(frames) + tokens
 
@@ -214,12 +213,8 @@ def available_memory(device: str = "cpu", limit_bytes: int | None = None) -> tup
             return int(float(env)), LIMIT_ENV
         except ValueError as exc:
             raise MemoryPlanError(f"{LIMIT_ENV}={env!r} is not a number of bytes.") from exc
-    import psutil
-
     vm = psutil.virtual_memory()
     if device.startswith("cuda"):
-        import torch
-
         idx = torch.device(device).index or 0
         free, total = torch.cuda.mem_get_info(idx)
         if abs(total - vm.total) < 0.2 * vm.total:

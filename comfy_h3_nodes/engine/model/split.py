@@ -3,49 +3,31 @@
 ``MiniMaxH3Blocks().get_workflow(wf).sub_blocks`` is a flat, ordered dict of named blocks. Grouped by name prefix:
 A-encode = ``before_encode*``, ``text_encoder*``, ``vae_encoder*``; B = every ``denoise.*``; A-decode =
 ``decode.*``. Running the three groups in order on the same state is the single-process pipeline, bit for bit.
-No model code lives here: every block and component is diffusers'.
+No model code lives here: every block and component is diffusers'. Folder checks that need no torch are in
+:mod:`.folders`; the names of workflows, partitions and components in :mod:`..contract.configs`.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
 import time
 from dataclasses import dataclass, field
 
-WORKFLOWS = ("t2va", "fl2va", "ref2va")
-PARTITION_OF = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}
-PARTITIONS = ("transformer", "transformer_ref")
+import torch
+from diffusers import ModularPipeline
+from diffusers.modular_pipelines import MiniMaxH3Blocks, SequentialPipelineBlocks
+
+from ..contract.configs import DTYPES, MODEL_COMPONENTS, WORKFLOWS
+from ..contract.errors import ModelFolderError
+from .compat import ensure_processor_compat
 
 ENCODE_PREFIXES = ("before_encode", "text_encoder", "vae_encoder")
 DENOISE_PREFIX = "denoise."
 DECODE_PREFIX = "decode."
 
-#: Components each side loads from the checkpoint folder (the processors diffusers creates from config).
-A_COMPONENTS = ("text_encoder", "tokenizer", "processor", "vae", "audio_vae")
-SCHEDULERS = ("scheduler", "audio_scheduler")
-MODEL_INDEX = "modular_model_index.json"
-
-DTYPES = ("float32", "bfloat16", "float16")
-MODEL_COMPONENTS = ("text_encoder", "vae", "audio_vae", "transformer", "transformer_ref")
-#: A's components that hold weights (what A's memory plan counts)
-MODEL_COMPONENTS_A = ("text_encoder", "vae", "audio_vae")
-
-
-class ModelFolderError(ValueError):
-    """A checkpoint folder that cannot serve the request; the message names the folder and the component."""
-
-
-def b_components(partition: str) -> tuple[str, ...]:
-    if partition not in PARTITIONS:
-        raise ModelFolderError(f"partition is {partition!r}; expected one of {PARTITIONS}.")
-    return (partition, *SCHEDULERS)
-
 
 def split_workflow(workflow: str) -> dict[str, object]:
     """``{"encode", "denoise", "decode"}`` -> a ``SequentialPipelineBlocks`` of diffusers' blocks for that part."""
-    from diffusers.modular_pipelines import MiniMaxH3Blocks, SequentialPipelineBlocks
-
     if workflow not in WORKFLOWS:
         raise ValueError(f"workflow is {workflow!r}; expected one of {WORKFLOWS}.")
     blocks = MiniMaxH3Blocks().get_workflow(workflow).sub_blocks
@@ -66,31 +48,9 @@ def split_workflow(workflow: str) -> dict[str, object]:
 
 
 def torch_dtype(name: str):
-    import torch
-
     if name not in DTYPES:
         raise ValueError(f"dtype is {name!r}; expected one of {DTYPES}.")
     return getattr(torch, name)
-
-
-def check_model_dir(path: str | os.PathLike, components: tuple[str, ...]) -> pathlib.Path:
-    """The folder as a resolved path, after checking it holds the index and every needed component."""
-    p = pathlib.Path(os.path.expanduser(str(path)))
-    if not p.exists():
-        raise ModelFolderError(f"model folder {p} does not exist; give the folder that holds {MODEL_INDEX}.")
-    if not p.is_dir():
-        raise ModelFolderError(f"model path {p} is a file; give the folder that holds {MODEL_INDEX}.")
-    p = p.resolve()
-    if not (p / MODEL_INDEX).is_file():
-        raise ModelFolderError(
-            f"model folder {p} has no {MODEL_INDEX}; it is not a diffusers MiniMax-H3 checkpoint "
-            "(ComfyUI's single-file repackages are a different layout)."
-        )
-    for name in components:
-        sub = p / name
-        if not sub.is_dir() or not any(sub.iterdir()):
-            raise ModelFolderError(f"model folder {p} lacks the component {name!r} (no {sub}/); copy it there.")
-    return p
 
 
 @dataclass
@@ -115,10 +75,6 @@ def load_checked(model_dir: pathlib.Path, names: tuple[str, ...], dtype: str, de
 
     diffusers only logs a failed component load and leaves it ``None`` (shared/design.md, pitfall 1).
     """
-    from diffusers import ModularPipeline
-
-    from .compat import ensure_processor_compat
-
     ensure_processor_compat()
     if host is None:
         host = ModularPipeline.from_pretrained(str(model_dir))
@@ -156,8 +112,6 @@ def make_group_pipeline(blocks, model_dir: pathlib.Path, host, names: tuple[str,
 
 
 def pick_device(requested: str | None = None) -> str:
-    import torch
-
     if requested:
         if requested.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"device {requested!r} was asked for, but torch sees no CUDA device on this machine.")

@@ -21,7 +21,7 @@ Only the clip inputs (:func:`clip_inputs`: de-normalise, cast, pad, slice) resta
 needs them without running the loop; the check above compares them with diffusers' own on every split decode. The
 cross-fade itself is diffusers' code, never restated here.
 
-The share policy (:func:`choose_b_clips`): B decodes the last ``k`` clips, A the first ``n - k`` and then blends, so
+The share policy (:mod:`comfy_h3_nodes.engine.executor.decode_plan`, :func:`choose_b_clips` there): B decodes the last ``k`` clips, A the first ``n - k`` and then blends, so
 A's own clips never wait for B's; ``k`` minimises the predicted finish ``max(A's clips, B's clips - B's lead) +
 fetching B's frames`` from each side's measured seconds per clip (:class:`ClipClock`): a slower side gets fewer
 clips.
@@ -37,15 +37,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-DECODE_ON = ("auto", "A", "A+B")
+import torch
+from diffusers.models.modeling_utils import get_parameter_dtype
 
+from ..contract.errors import DecodeCancelled
 
 class SplitDecodeError(RuntimeError):
     """The split decode cannot be bit-identical (diffusers sliced a clip differently, or a share is malformed)."""
-
-
-class DecodeCancelled(RuntimeError):
-    """A decode share stopped between two clips because its request was cancelled."""
 
 
 # ---------------------------------------------------------------------------------------------------- clip geometry
@@ -88,9 +86,6 @@ def clip_inputs(vae, latents) -> list:
     """The input of each clip as diffusers' decode block and ``_decode`` build it: ``latents * std + mean`` (the
     block), cast to the decoder's dtype (``decode``), the last latent frame repeated up to whole chunks and the
     ``tokens_chunk_size + token_overlap`` frame window of each clip (``_decode``)."""
-    import torch
-    from diffusers.models.modeling_utils import get_parameter_dtype
-
     device = next(vae.post_quant_conv.parameters()).device
     latents = latents.to(device)
     mean = torch.tensor(vae.config.latents_mean, device=device).view(1, -1, 1, 1, 1)
@@ -105,8 +100,6 @@ def clip_inputs(vae, latents) -> list:
 
 def _sync(device) -> None:
     if device.type == "cuda":
-        import torch
-
         torch.cuda.synchronize(device)
 
 
@@ -128,8 +121,6 @@ class Share:
 
 def decode_share(vae, latents, start: int, stop: int, should_cancel: Callable[[], bool] | None = None) -> Share:
     """Clips ``[start, stop)`` of ``latents`` (normalised, as B->A) with the real ``_decode_clip``."""
-    import torch
-
     with torch.no_grad():
         inputs = clip_inputs(vae, latents)
         n = len(inputs)
@@ -168,8 +159,6 @@ def serve_clips(vae, latents, provider: Callable[[int], object | None], should_c
     """While active, ``vae.decode`` of these ``latents`` (diffusers' decode blocks on A) takes clip ``i`` from
     ``provider(i)``, or decodes it with the real ``_decode_clip`` when the provider returns ``None``. Yields a
     :class:`ServeLog`. The caller serialises decodes on this VAE (the override is on the instance)."""
-    import torch
-
     expected = clip_inputs(vae, latents)
     real = vae._decode_clip
     log = ServeLog(clips=len(expected))
@@ -205,56 +194,3 @@ def serve_clips(vae, latents, provider: Callable[[int], object | None], should_c
         vae.__dict__.pop("_decode_clip", None)
     if log.calls != len(expected):
         raise SplitDecodeError(f"diffusers decoded {log.calls} clips where comfy-h3 expects {len(expected)}.")
-
-
-# ---------------------------------------------------------------------------------------------------- policy
-def choose_b_clips(n: int, a_clip_s: float, b_clip_s: float, b_lead_s: float = 0.0,
-                   fetch_clip_s: float = 0.0) -> int:
-    """How many of the ``n`` clips B decodes (the last ones): the ``k`` with the earliest predicted end of the
-    blend, ``max((n - k) * a_clip_s, k * b_clip_s - b_lead_s) + k * fetch_clip_s`` (A decodes its clips, waits for
-    B's, fetches them); ties go to fewer B clips."""
-    best_k, best_t = 0, float("inf")
-    for k in range(n + 1):
-        t = max((n - k) * a_clip_s, k * b_clip_s - b_lead_s) + k * fetch_clip_s
-        if t < best_t - 1e-12:
-            best_k, best_t = k, t
-    return best_k
-
-
-def predicted_s(n: int, k: int, a_clip_s: float, b_clip_s: float, b_lead_s: float = 0.0,
-                fetch_clip_s: float = 0.0) -> float:
-    return max((n - k) * a_clip_s, k * b_clip_s - b_lead_s) + k * fetch_clip_s
-
-
-class ClipClock:
-    """Each side's measured seconds per clip, per megapixel of canvas (a clip's cost grows with its tiles), as an
-    exponential moving average; and the seconds per clip B's frames took to reach A. A's clips are timed apart when
-    A decodes alone (``A alone``: what a split must beat) and inside a split (``A``: what the shares balance; on a
-    machine where both sides share CPUs or memory bandwidth, slower than alone)."""
-
-    def __init__(self, alpha: float = 0.5):
-        self.alpha = alpha
-        self.per_mpx: dict[str, float] = {}
-        self.fetch_per_mpx: float | None = None
-
-    def _ema(self, old, new):
-        return new if old is None else (1 - self.alpha) * old + self.alpha * new
-
-    def add(self, side: str, clips: int, seconds: float, height: int, width: int) -> None:
-        if clips > 0 and seconds > 0:
-            mpx = height * width / 1e6
-            self.per_mpx[side] = self._ema(self.per_mpx.get(side), seconds / clips / mpx)
-
-    def add_fetch(self, clips: int, seconds: float, height: int, width: int) -> None:
-        if clips > 0:
-            self.fetch_per_mpx = self._ema(self.fetch_per_mpx, seconds / clips / (height * width / 1e6))
-
-    def clip_s(self, side: str, height: int, width: int) -> float | None:
-        """``side`` is ``A`` (A's clips in split decodes, falling back to ``A alone``), ``A alone`` or ``B``."""
-        v = self.per_mpx.get(side)
-        if v is None and side == "A":
-            v = self.per_mpx.get("A alone")
-        return None if v is None else v * height * width / 1e6
-
-    def fetch_clip_s(self, height: int, width: int) -> float:
-        return 0.0 if self.fetch_per_mpx is None else self.fetch_per_mpx * height * width / 1e6

@@ -46,6 +46,19 @@ import shutil
 import sys
 from pathlib import Path
 
+import gguf
+import numpy as np
+import torch
+from diffusers import (AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Scheduler,
+                       MiniMaxH3Transformer3DModel)
+from diffusers.modular_pipelines import MiniMaxH3Blocks, MiniMaxH3ModularPipeline
+from safetensors.torch import save_file
+from tokenizers import AddedToken
+from transformers import Qwen2Tokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+from . import formats
 from .compat import ensure_processor_compat
 
 __all__ = [
@@ -126,8 +139,6 @@ _TEXT_VOCAB_SIZE = 272  # 256 bytes + <|endoftext|> + 13 specials = 270, rounded
 
 def _seeded(seed: int, offset: int):
     """Fork the global RNG and seed it for one component, so components are independent of build order."""
-    import torch
-
     class _Ctx:
         def __enter__(self):
             self._fork = torch.random.fork_rng(devices=[])
@@ -141,8 +152,6 @@ def _seeded(seed: int, offset: int):
 
 
 def _make_transformer():
-    from diffusers import MiniMaxH3Transformer3DModel
-
     # One head in one block (plus the refiner): the shipped templates (832x480x124, 15,100 tokens, 49 forwards) then
     # run to an MP4 in about a minute on two CPU cores; attention over the full sequence is most of a step.
     return MiniMaxH3Transformer3DModel(
@@ -165,8 +174,6 @@ def _make_transformer():
 
 
 def _latent_stats(generator, channels: int) -> tuple[list[float], list[float]]:
-    import torch
-
     # Non-trivial normalisation stats, so a missing (de)normalisation shows up in tests.
     mean = (torch.randn(channels, generator=generator) * 0.1).tolist()
     std = (1.0 + torch.rand(channels, generator=generator) * 0.5).tolist()
@@ -174,9 +181,6 @@ def _latent_stats(generator, channels: int) -> tuple[list[float], list[float]]:
 
 
 def _make_vae(seed: int):
-    import torch
-    from diffusers import AutoencoderKLMiniMaxH3
-
     mean, std = _latent_stats(torch.Generator().manual_seed(seed * 1000 + 101), 24)
     return AutoencoderKLMiniMaxH3(
         in_channels=3,
@@ -200,9 +204,6 @@ def _make_vae(seed: int):
 
 
 def _make_audio_vae(seed: int):
-    import torch
-    from diffusers import AutoencoderKLMiniMaxH3Audio
-
     mean, std = _latent_stats(torch.Generator().manual_seed(seed * 1000 + 102), 32)
     return AutoencoderKLMiniMaxH3Audio(
         encoder_dim=4,
@@ -222,10 +223,6 @@ def _make_audio_vae(seed: int):
 
 
 def _make_tokenizer():
-    from tokenizers import AddedToken
-    from transformers import Qwen2Tokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
     byte_to_unicode = bytes_to_unicode()
     # Byte-level BPE with the 256-symbol byte alphabet and no merges: every UTF-8 byte is one token.
     vocab = {byte_to_unicode[b]: b for b in range(256)}
@@ -235,8 +232,6 @@ def _make_tokenizer():
 
 
 def _make_image_processor():
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
     # Qwen3-VL's geometry (16 px patches, 2x2 merge, temporal patch 2, mean/std 0.5), with a pixel budget that
     # keeps an image at 2x2 .. 4x4 merged tokens.
     return Qwen2VLImageProcessorPil(
@@ -250,8 +245,6 @@ def _make_image_processor():
 
 
 def _make_text_encoder(tokenizer):
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _SPECIAL_TOKENS}
     config = Qwen3VLConfig(
         text_config={
@@ -307,8 +300,6 @@ def _write_processor(folder: Path, tokenizer, image_processor) -> None:
 
 def _write_index(out_dir: Path, components: dict) -> None:
     """Write `modular_model_index.json` with diffusers' own serializer, pointing every component at TINY_REPO_ID."""
-    from diffusers.modular_pipelines import MiniMaxH3Blocks, MiniMaxH3ModularPipeline
-
     pipe = MiniMaxH3ModularPipeline(blocks=MiniMaxH3Blocks())
     pipe.update_components(**components, **TINY_PIPELINE_CONFIGS)
     for name in COMPONENT_NAMES:
@@ -328,10 +319,6 @@ def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True) -> Path:
     Returns the checkpoint folder as a `Path`. Deterministic: the same `seed` writes byte-identical files.
     ``formats`` also writes ``single_file/`` and ``gguf/`` (the same transformers in the other formats).
     """
-    import torch
-    from diffusers import MiniMaxH3Scheduler
-    from transformers import Qwen3VLProcessor
-
     ensure_processor_compat()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -399,8 +386,6 @@ def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True) -> Path:
 def _make_wide_transformer():
     """The K-quant fixture's transformer: every Linear outside the release's fp32 modules reads rows of 256 values
     (one Q6_K block) except the text projection (text_dim 32, as the tiny text encoder gives)."""
-    from diffusers import MiniMaxH3Transformer3DModel
-
     return MiniMaxH3Transformer3DModel(
         num_attention_heads=1, attention_head_dim=256, hidden_size=256, num_layers=1, num_refiner_layers=1,
         ffn_dim=256, in_channels=24, audio_in_channels=32, patch_size=(1, 2, 2), text_dim=32, freq_dim=16,
@@ -417,10 +402,6 @@ def published_state_dict(model) -> dict:
     """The transformer's weights in the published single-file layout (the inverse of diffusers' single-file
     converter): ``to_q/to_k/to_v`` stacked into ``attn.qkv_proj``, ``ff.net.0.proj`` stored as [gate; value], names
     as published. Values are unchanged (fp32 for the tiny model)."""
-    import torch
-
-    from . import formats
-
     state = {k: v.detach() for k, v in model.state_dict().items()}
     out = {}
     for name in sorted(state):
@@ -441,17 +422,11 @@ def published_state_dict(model) -> dict:
 
 def _stored_dtype(published_name: str):
     """The release's mixed precision: fp32 for the patch projections, timestep MLP and output heads, else bf16."""
-    import torch
-
-    from . import formats
-
     return torch.float32 if published_name.startswith(formats.PUBLISHED_FP32_PREFIXES) else torch.bfloat16
 
 
 def write_single_file(model, path) -> Path:
     """One ``.safetensors`` in the published layout and precision (what Comfy-Org's ``*_bf16`` files hold)."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.to(_stored_dtype(k)).contiguous() for k, v in published_state_dict(model).items()}
@@ -463,8 +438,6 @@ def quantize_q6_k(rows):
     """Q6_K blocks (ggml's layout: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 sub-block scales, one
     fp16 super-scale per 256 values) of a float32 ``[n, k]`` array, ``k`` a multiple of 256. A plain round-to-nearest
     quantizer (ggml's own searches its scales; any valid encoding dequantizes the same way)."""
-    import numpy as np
-
     x = np.asarray(rows, dtype=np.float32).reshape(-1, 256)
     n = x.shape[0]
     sub = x.reshape(n, 16, 16)
@@ -486,11 +459,6 @@ def quantize_q6_k(rows):
 def write_gguf(model, path, qtype: str = "Q8_0") -> Path:
     """An unpruned GGUF of the transformer in the published layout: ``qtype`` where a row fits the block, F32 for 1-D
     tensors and the release's fp32 modules, BF16 for the rest (see ``formats.gguf_type_for``)."""
-    import gguf
-    import numpy as np
-
-    from . import formats
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), "minimax_h3")
@@ -522,9 +490,6 @@ def build_tiny_lora(out_path, seed: int = 0, rank: int = 4, steps: int | None = 
                     audio_shift: float | None = None) -> Path:
     """A random LoRA (diffusers layout, ``transformer.``-prefixed) for the tiny transformer, with an optional
     sidecar ``<stem>.json`` giving the schedule it was "trained" for (what turbo LoRAs ship)."""
-    import torch
-    from safetensors.torch import save_file
-
     g = torch.Generator().manual_seed(10_000 + seed)
     state = {}
     for block in range(TINY_SIZES["transformer_num_layers"]):

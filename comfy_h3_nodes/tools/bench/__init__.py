@@ -1,0 +1,160 @@
+"""Benchmarks of the two-node split: ``python -m comfy_h3_nodes bench VERB [options]``.
+
+Verbs (each starts the embedded two-node Ray cluster, or reuses the one this process already joined):
+
+* ``handoff``: the A->B and B->A payloads at their real shapes (shared/design.md section 2), received by an actor on
+  the other node exactly as the A/B actors receive them (ref inside a list, ``receive`` + ``materialize``), next to
+  Ray's own floor for the same bytes (one plain uint8 numpy array, same path) and a memcpy of the same bytes.
+  ``--tensor-transport`` adds Ray's direct tensor transport (gloo collective on CPU) for the same byte counts.
+* ``pipeline``: N requests with stand-in, balanced stage times (:mod:`.substitutes`) through the real executor (tiny
+  model, resident A/B actors), pipelined versus one at a time, next to the ideal bound ``fill + (N-1) x slower
+  machine``.
+* ``step-overhead``: B's per-step control overhead (the two step hook blocks, progress bookkeeping, cancel check).
+* ``warm``: first versus second request through the executor; the second must load nothing.
+* ``memory``: the memory plan of B's transformer residency against what B's actor really holds, for the tiny model in
+  three plans (``bf16-one``, ``fp8-both``, ``gguf-q8_0-both``), and the plan's arithmetic at the released model's size.
+* ``decode``: one request's video decode by A alone versus split with B (``decode_on`` ``A`` vs ``A+B``, shares
+  from the measured clip times) at 124 and 345 frames, each actor pinned to one CPU thread, with a larger random video
+  VAE (the real diffusers class, random weights, built here) so the decode is compute-bound like the released one.
+* ``all``: every bench above in one cluster.
+
+``--json`` makes the LAST line of output one JSON object; ``--quick`` shrinks counts for the smoke test.
+Numbers are medians; the goals (ratio_vs_raw <= 1.2, makespan <= 1.05 x ideal, >= 1.6 x sequential, step overhead
+<= 1 ms, warm load 0) are reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+
+from .. import runner
+from . import batch, decode, handoff, memory, pipeline, pool, step
+from .common import DEFAULT_SYNTHETIC, cluster, tiny_checkpoint
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m comfy_h3_nodes bench", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    def common(sp):
+        sp.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+        sp.add_argument("--quick", action="store_true", help="tiny counts (the smoke test)")
+        sp.add_argument("--object-store-mb", type=int, default=1024, help="object store per node (embedded cluster)")
+        return sp
+
+    h = common(sub.add_parser("handoff", help="A<->B payload hand-off vs Ray's raw floor and memcpy"))
+    h.add_argument("--repeats", type=int, default=None, help="measured repeats per shape (default 10; quick 2)")
+    h.add_argument("--warmup", type=int, default=None, help="unmeasured repeats first (default 2; quick 1)")
+    h.add_argument("--only", default="", help="comma-separated substrings: run only matching shapes")
+    h.add_argument("--tensor-transport", action="store_true",
+                   help="also measure Ray's direct tensor transport (gloo) for the same byte counts")
+    pl = common(sub.add_parser("pipeline", help="N requests through the executor, pipelined vs sequential"))
+    pl.add_argument("--requests", type=int, default=None, help="requests (default 8; quick 3)")
+    pl.add_argument("--in-flight", default=None, help="comma-separated max_in_flight values (default 2,3; quick 2)")
+    pl.add_argument("--stages", default=None,
+                    help="synthetic seconds, e.g. encode=0.2,denoise=0.4,decode=0.15 (quick: a quarter of those)")
+    pl.add_argument("--ckpt", default=None, help="tiny checkpoint folder (built there if missing)")
+    so = common(sub.add_parser("step-overhead", help="per-step control overhead on B"))
+    so.add_argument("--iterations", type=int, default=None, help="steps timed (default 10000; quick 2000)")
+    so.add_argument("--no-model", action="store_true", help="skip the tiny-model with/without hooks comparison")
+    so.add_argument("--ckpt", default=None)
+    w = common(sub.add_parser("warm", help="first vs second request: the second loads nothing"))
+    w.add_argument("--ckpt", default=None)
+    m = common(sub.add_parser("memory", help="memory plan vs what B holds, tiny and at real size"))
+    m.add_argument("--ckpt", default=None, help="tiny checkpoint folder (built with its format fixtures if missing)")
+    d = common(sub.add_parser("decode", help="video decode by A alone vs split with B, at 124 and 345 frames"))
+    d.add_argument("--repeats", type=int, default=None, help="measured rounds (default 2; quick 1)")
+    d.add_argument("--frames", default="124,345", help="comma-separated frame counts (17n+5)")
+    bt = common(sub.add_parser("batch", help="N prompts in one graph run vs N graph runs (headless runner)"))
+    bt.add_argument("--requests", type=int, default=None, help="prompts (default 8; quick 3)")
+    po = common(sub.add_parser("pool", help="B-bound requests through a pool of 1, then 2 DiT workers (bench_pool)"))
+    po.add_argument("--requests", type=int, default=None, help="requests per run (default 8; quick 3)")
+    po.add_argument("--ckpt", default=None)
+    a = common(sub.add_parser("all", help="every bench, one cluster"))
+    a.add_argument("--repeats", type=int, default=None)
+    a.add_argument("--requests", type=int, default=None)
+    a.add_argument("--ckpt", default=None)
+    return p
+
+
+def _stages(text: str | None, quick: bool) -> dict:
+    if text:
+        out = {}
+        for part in text.split(","):
+            k, _, v = part.partition("=")
+            if k.strip() not in ("encode", "denoise", "decode"):
+                raise SystemExit(f"--stages: unknown stage {k!r}; use encode, denoise, decode")
+            out[k.strip()] = float(v)
+        return out
+    return {k: v / 4 for k, v in DEFAULT_SYNTHETIC.items()} if quick else dict(DEFAULT_SYNTHETIC)
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    quick = args.quick
+    log = (lambda s: print(s, flush=True))
+    result: dict = {}
+    verb = args.verb
+    if verb == "pool":  # its own three-node cluster: .pool
+        res = pool.run_pool(args.requests or (3 if quick else 8), ckpt=args.ckpt and tiny_checkpoint(args.ckpt), log=log)
+        if args.json:
+            print(pool.main_json(res), flush=True)
+        return 0
+    needs_cluster = verb in ("handoff", "pipeline", "warm", "memory", "decode", "all")
+    with (cluster(args.object_store_mb) if needs_cluster else contextlib.nullcontext()):
+        if verb in ("handoff", "all"):
+            repeats = args.repeats or (2 if quick else 10)
+            warmup = getattr(args, "warmup", None)
+            warmup = warmup if warmup is not None else (1 if quick else 2)
+            shapes = handoff.handoff_shapes()
+            only = [s for s in (getattr(args, "only", "") or "").split(",") if s]
+            if only:
+                shapes = [s for s in shapes if any(o in s["name"] for o in only)]
+            result["handoff"] = handoff.run_handoff(repeats, warmup, shapes, getattr(args, "tensor_transport", False),
+                                                    log)
+        if verb in ("pipeline", "all"):
+            n = args.requests or (3 if quick else 8)
+            inflight = getattr(args, "in_flight", None) or ("2" if quick else "2,3")
+            result["pipeline"] = pipeline.run_pipeline(n, tuple(int(x) for x in inflight.split(",")),
+                                                       _stages(getattr(args, "stages", None), quick),
+                                                       args.ckpt and tiny_checkpoint(args.ckpt), log)
+        if verb in ("step-overhead", "all"):
+            its = getattr(args, "iterations", None) or (2000 if quick else 10_000)
+            result["step-overhead"] = step.run_step_overhead(
+                its, model_steps=4 if quick else 20, model_repeats=2 if quick else 3,
+                ckpt=args.ckpt and tiny_checkpoint(args.ckpt), with_model=not getattr(args, "no_model", False),
+                log=log)
+        if verb in ("warm", "all"):
+            result["warm"] = pipeline.run_warm(args.ckpt and tiny_checkpoint(args.ckpt), log)
+        if verb == "memory":
+            result["memory"] = memory.run_memory(args.ckpt, log)
+        if verb == "decode":
+            result["decode"] = decode.run_decode(tuple(int(x) for x in args.frames.split(",")),
+                                                 args.repeats or (1 if quick else 2), quick, log)
+    if verb == "batch":  # the runner starts and joins its own embedded cluster, as `run` does
+        try:
+            result["batch"] = batch.run_batch(args.requests or (3 if quick else 8), log=log)
+        finally:
+            runner._shutdown_embedded()
+        if args.json:
+            print(json.dumps(result["batch"]), flush=True)  # exactly the issue's keys
+        return 0
+    if verb == "decode":
+        result["decode"].pop("_detail", None)
+        if args.json:
+            print(json.dumps(result["decode"]), flush=True)  # exactly {"frames": {"124": {...}, "345": {...}}}
+        return 0
+    if args.json and verb == "memory":
+        print(json.dumps(result["memory"]), flush=True)  # exactly {"plans": {...}}, in the issue's key order
+        return 0
+    if args.json:
+        payload = result[verb] if verb != "all" else {"bench": "all", **result}
+        payload["quick"] = quick
+        print(json.dumps(payload, sort_keys=True, default=str), flush=True)
+    return 0

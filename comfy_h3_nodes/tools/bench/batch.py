@@ -1,8 +1,9 @@
 """``python -m comfy_h3_nodes bench batch``: N prompts in one graph run against N graph runs of one prompt each.
 
 Both go through the headless runner (the same node classes ComfyUI runs, A in this process as in ComfyUI) on the
-embedded two-node cluster, with the tiny model and the synthetic stage times of ``bench pipeline`` added to the real
-work (A: encode and decode, B: denoise; ``H3_SYNTHETIC_STAGES``), so the stages have known, balanced costs.
+embedded two-node cluster, with the tiny model and the stand-in stage times of ``bench pipeline`` added to the real
+work (A: encode and decode, B: denoise; :mod:`.substitutes`: the nodes' A side is a timed one, and the DiT worker the
+runner finds is a timed one started here first), so the stages have known, balanced costs.
 
 * batch: ``example_workflows/h3_t2va_batch.json`` with N prompts from its H3PromptList;
 * sequential: ``example_workflows/h3_t2va.json`` run N times, one prompt each (what ComfyUI's "queue N times" does);
@@ -14,20 +15,25 @@ work (A: encode and decode, B: denoise; ``H3_SYNTHETIC_STAGES``), so the stages 
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import statistics
 import tempfile
 import time
+from dataclasses import asdict
 
-from ... import PACK_ROOT
+import ray
+
+from ...engine import session
+from ...engine.contract.configs import TINY, BConfig
+from ...engine.contract.versions import PACK_ROOT
 from .. import runner
-from .legacy import DEFAULT_SYNTHETIC
+from . import substitutes
+from .common import DEFAULT_SYNTHETIC
 
 EXAMPLES = PACK_ROOT / "example_workflows"
 GOALS = {"ratio_vs_ideal": 1.1, "speedup_vs_sequential": 1.5}
+WORKER = "h3_dit_bench_batch"
 SETTINGS = ["3.width=64", "3.height=64", "5.steps=3", '1.dtype="float32"', '2.dtype="float32"',
-            '2.actor_name="h3_dit_bench_batch"', '6.decode_on="A"']
+            f'2.actor_name="{WORKER}"', '6.decode_on="A"']
 
 
 def _prompts(n: int) -> list[str]:
@@ -56,12 +62,18 @@ def _machine_work(result) -> list[dict]:
 
 def run_batch(requests: int = 8, synthetic: dict | None = None, log=print) -> dict:
     synthetic = dict(DEFAULT_SYNTHETIC if synthetic is None else synthetic)
-    os.environ["H3_SYNTHETIC_STAGES"] = json.dumps(synthetic)  # read where A and B are built (engine.session)
+    session.use_a_side(substitutes.a_side_factory({k: v for k, v in synthetic.items() if k in ("encode", "decode")}))
     prompts = _prompts(requests)
     t2va, batch = str(EXAMPLES / "h3_t2va.json"), str(EXAMPLES / "h3_t2va_batch.json")
+    worker = None
     try:
         with tempfile.TemporaryDirectory() as out:
             run = dict(tiny=True, output=out, quiet=True)
+            session.ensure_cluster("local")  # the runner's own embedded cluster, joined first so B's worker can start
+            b_stages = {"denoise": synthetic.get("denoise", 0.0)}
+            worker = substitutes.actors(b_stages).dit(asdict(BConfig(TINY, dtype="float32", name=WORKER)),
+                                                      env=substitutes.env(b_stages))
+            ray.get(worker.ping.remote(), timeout=600)
             runner.execute(t2va, sets=[*SETTINGS, '3.prompt="warm-up"'], **run)  # models and actors resident
             t0 = time.perf_counter()
             for i, p in enumerate(prompts):  # what "queue N times" does: one graph run per prompt
@@ -73,7 +85,9 @@ def run_batch(requests: int = 8, synthetic: dict | None = None, log=print) -> di
             makespan = time.perf_counter() - t0
             videos = len(res.videos())
     finally:
-        os.environ.pop("H3_SYNTHETIC_STAGES", None)
+        session.use_a_side(None)
+        if worker is not None:
+            ray.kill(worker, no_restart=True)
     busy = _machine_work(res)  # the work each request of the batch really cost each machine
     if len(busy) != requests:
         raise RuntimeError(f"the batch run reported {len(busy)} complete requests of {requests}")

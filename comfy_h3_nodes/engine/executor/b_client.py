@@ -1,0 +1,330 @@
+"""A's client of the DiT workers on B: which worker takes a request, that it serves this caller's settings, the
+denoise call with its step progress, a re-run when its worker is lost, cancel, and B's share of a split decode.
+
+Data contract. In: an ObjectRef of the conditioning (``wire.EncodedRequest`` in A's object store) and its
+``wire.DenoiseCall``. Out: :class:`Denoised` (the ref of B's ``wire.DenoisedLatents``, still in B's object store,
+and the request's ``a_to_b`` and ``denoise`` records on A's time axis). Every remote wait is bounded by
+``Timeouts``; a B that makes no step progress for ``stall`` seconds is stopped.
+
+Routing is :mod:`.pool`'s (the worker that holds the workflow's partition, then the fewest queued steps). A worker
+lost mid-request (process killed, node gone) hands the request to another worker once, with the same seed: B draws
+all noise from it, so the result is the same, and the denoise record says it was re-run and what was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import ray
+
+from ...cluster import ray_cluster as cl
+from ..contract import wire
+from ..contract.configs import BConfig, Timeouts
+from ..contract.errors import H3Cancelled, H3Error, H3Timeout
+from ..contract.timing import StageRecord, StepRecord
+from ..model import catalog
+from ..model.backends import BACKENDS
+from . import pool as pl
+from .failures import NODE_SETTLE_S, WORKER_LOST, WorkerLost, first_line, node_lost_error, remote_error
+from .handoff import unwrap_ray_error
+
+log = logging.getLogger("comfy_h3.executor")
+
+SETTING_NAMES = {"model_dir": "model", "dtype": "dtype", "attention_backend": "attention backend",
+                 "precision": "precision"}
+
+
+@dataclass
+class Denoised:
+    """B's result of one request: its latents' ref (in B's object store) and its records (``a_to_b``, ``denoise``)."""
+
+    request_id: str
+    workflow: str
+    latents_ref: object
+    records: list[StageRecord]
+    worker: pl.Worker | None = None
+
+
+async def await_ref(ref, timeout: float):
+    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
+
+
+class BClient:
+    """The DiT workers a ``BConfig.name`` spec matches, seen from one caller."""
+
+    def __init__(self, config: BConfig, timeouts: Timeouts, start_dit: Callable | None = None):
+        self.config, self.timeouts, self.start_dit = config, timeouts, start_dit
+        self.pool = pl.DiTPool(config.name, config.namespace, status_timeout=min(timeouts.health, 5.0))
+        self.primary = None  # the worker health checks, pickers and reconfiguration talk to first
+        self.worker_of: OrderedDict[str, pl.Worker] = OrderedDict()  # request -> the worker that denoises it
+        self.reconciled: set[tuple] = set()  # (name, pid) of workers whose settings match this caller's
+        self.last_reconfigure = ""  # what the last reconcile changed on the primary ("" = nothing)
+        self.cancelled: set[str] = set()
+        self.clock_offset_s = 0.0  # B's clock minus this machine's (the health check measures it)
+        self.pending = 0  # this caller's requests that are, or soon will be, B's work
+        self._pick_lock: asyncio.Lock | None = None  # one pick at a time (made on the executor loop)
+
+    # ------------------------------------------------------------------------------------------------ start
+    def start(self) -> None:
+        """Find the pool's workers; with none (the embedded cluster), start one on a B node through the factory."""
+        found = self.pool.refresh()
+        if found:
+            self.primary = found[0].handle
+            return
+        if self.start_dit is None:
+            raise H3Error(f"no DiT worker matching {self.config.name!r} in namespace {self.config.namespace!r}; "
+                          "start one with `python -m remote_worker setup` on machine B.")
+        name = pl.create_name(self.config.name)
+        self.primary = self.start_dit(asdict(dataclasses.replace(self.config, name=name)))
+
+    def reconcile_all(self) -> None:
+        for w in self.pool.refresh():
+            self._reconcile_worker(w)
+
+    # ------------------------------------------------------------------------------------------------ settings
+    def changes(self, b: dict) -> dict:
+        """The load-time settings of this caller that a running worker (its ``health``) does not serve:
+        ``{key: new}``. The partition is not one of them: B swaps per request, and every record says which ran."""
+        want, changes = self.config, {}
+        if want.model_dir and not catalog.same_model(want.model_dir, b.get("model") or b["model_dir"]):
+            changes["model_dir"] = want.model_dir
+        if want.dtype != b["dtype"]:
+            changes["dtype"] = want.dtype
+        if BACKENDS.get(want.attention_backend, (want.attention_backend,))[0] != b["attention_backend"]:
+            changes["attention_backend"] = want.attention_backend
+        if want.precision != (b.get("precision") or "auto"):
+            changes["precision"] = want.precision
+        return changes
+
+    def reconcile(self, b: dict, actor=None) -> bool:
+        """One rule for every setting: a worker that serves other settings than this caller asked for is
+        reconfigured to them (queued behind its running requests, then a reload), and the change is reported in
+        ``last_reconfigure``; if it cannot apply them, one sentence names both values and the fix. Returns whether
+        anything changed."""
+        primary = actor is None
+        actor = self.primary if actor is None else actor
+        if primary:
+            self.last_reconfigure = ""
+        changes = self.changes(b)
+        if not changes:
+            return False
+        have = {"model_dir": b.get("model") or b["model_dir"], "dtype": b["dtype"],
+                "attention_backend": b.get("attention_choice") or b["attention_backend"],
+                "precision": b.get("precision") or "auto"}
+        desc = ", ".join(f"{SETTING_NAMES[k]} {have[k]} -> {v}" for k, v in changes.items())
+        log.info("B actor %r serves other settings; reconfiguring it: %s", self.config.name, desc)
+        try:
+            done = ray.get(actor.reconfigure.remote(changes), timeout=self.timeouts.start)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise H3Timeout(f"B did not finish reconfiguring ({desc}) within {self.timeouts.start:.0f} s.") from exc
+        except ray.exceptions.RayError as exc:
+            raise H3Error(
+                f"the B actor {self.config.name!r} serves {desc.replace(' -> ', ' and this node asks for ')}, and "
+                f"could not switch: {first_line(unwrap_ray_error(exc)).rstrip('.')}. Set the node to what B serves, "
+                "or fix the cause above."
+            ) from None
+        if primary:
+            self.last_reconfigure = f"{desc} ({done['seconds']:.1f} s)"
+        return True
+
+    def _reconcile_worker(self, w: pl.Worker) -> None:
+        """A worker of the pool serves this caller's settings before it gets one of its requests; checked once per
+        worker process."""
+        key = (w.name, w.status.get("pid"))
+        if key in self.reconciled:
+            return
+        health = ray.get(w.handle.health.remote(), timeout=self.timeouts.health)
+        self.reconcile(health, w.handle)
+        self.reconciled.add(key)
+
+    # ------------------------------------------------------------------------------------------------ denoise
+    async def denoise(self, payload_ref, call: wire.DenoiseCall, workflow: str, put: StageRecord | None = None,
+                      on_step: Callable[[StepRecord], None] | None = None) -> Denoised:
+        """Route the denoise to a worker of the pool; if that worker dies or leaves mid-request, run it once more on
+        another one. ``put`` is A's record of the payload's put (its serialisation joins B's ``a_to_b``)."""
+        rid = call.request_id
+        if rid in self.cancelled:
+            raise H3Cancelled(f"request {rid} was cancelled before B started it.")
+        lost: list[tuple] = []  # (worker, exception, seconds lost)
+        t0 = time.monotonic()
+        while True:
+            if lost and rid in self.cancelled:
+                raise H3Cancelled(f"request {rid} was cancelled after its DiT worker was lost; not re-run.")
+            w = await self._pick(workflow, call, lost)
+            rerun = ""
+            if lost:
+                old, exc, spent = lost[-1]
+                rerun = (f"re-run on worker {w.name} ({w.node_ip}) after worker {old.name} ({old.node_ip}) was lost "
+                         f"{spent:.1f} s into the request ({type(exc).__name__})")
+            try:
+                return await self._denoise_on(w, payload_ref, call, workflow, put, on_step, rerun)
+            except WorkerLost as gone:
+                lost.append((w, gone.exc, time.monotonic() - t0))
+                log.warning("[%s] DiT worker %s lost mid-request (%s)", rid, w.name, type(gone.exc).__name__)
+                if len(lost) > 1:  # already re-run once
+                    raise await self._lost_error(rid, lost, "it was already re-run once") from None
+
+    async def _pick(self, workflow: str, call: wire.DenoiseCall, lost: list) -> pl.Worker:
+        """The worker for this request, its settings reconciled and the request announced on its queue. The first
+        pick waits (up to the start bound) for workers that exist but do not answer yet (restarting, loading); a
+        re-run takes only workers that answer now, so a pool with none left is reported within seconds."""
+        if self._pick_lock is None:
+            self._pick_lock = asyncio.Lock()
+        async with self._pick_lock:  # this client's next pick sees the request it just announced
+            exclude = tuple(x[0].name for x in lost)
+            bound = min(self.timeouts.health, 5.0)
+            patience = 0.0 if lost else self.timeouts.start
+            try:
+                w = await asyncio.wait_for(asyncio.to_thread(self.pool.pick, workflow, exclude, bound, patience),
+                                           (patience or bound) + bound + 5)
+            except (pl.PoolError, asyncio.TimeoutError) as exc:
+                if lost:
+                    raise await self._lost_error(call.request_id, lost, "no other DiT worker answers") from None
+                raise H3Error(f"request {call.request_id} cannot start on B: {exc}") from None
+            if (w.name, w.status.get("pid")) not in self.reconciled:
+                await asyncio.to_thread(self._reconcile_worker, w)
+            self.worker_of[call.request_id] = w
+            while len(self.worker_of) > 64:
+                self.worker_of.popitem(last=False)
+            try:
+                await await_ref(w.handle.enqueue.remote(call.request_id, call.num_inference_steps, self.pool.client),
+                                self.timeouts.health)
+            except Exception:  # noqa: BLE001 - the denoise call itself reports a worker that is gone
+                pass
+            return w
+
+    async def _lost_error(self, rid: str, lost: list, why: str) -> H3Error:
+        """The one sentence for a request whose worker was lost and that no other worker could take over."""
+        w, exc, _ = lost[-1]
+        err = remote_error("B", "denoise", rid, exc)
+        # "unavailable" comes before the head has judged B's node (~1.5 s vs ~2.5 s): give it a moment
+        settle = NODE_SETTLE_S if isinstance(exc, ray.exceptions.ActorUnavailableError) else 0.0
+        if await self.node_gone(settle, w.status.get("node_id")):
+            err = node_lost_error("B", w.node_ip, "denoise", rid)
+        names = ", ".join(x[0].name for x in lost)
+        return type(err)(f"{str(err).rstrip('.')} (DiT worker {names}; {why}, so it was not re-run).")
+
+    async def _denoise_on(self, w: pl.Worker, payload_ref, call: wire.DenoiseCall, workflow: str,
+                          put: StageRecord | None, on_step, rerun: str) -> Denoised:
+        b, rid = w.handle, call.request_id
+        latents_ref, recs_ref = b.denoise.remote([payload_ref], call, self.timeouts.handoff)
+        fut = asyncio.wrap_future(recs_ref.future())
+        seen = 0
+        try:
+            seen = await self._follow(b, rid, fut, recs_ref, on_step)
+            records = list(fut.result())
+            # the A->B record is B's (receiver's clock); the put into A's object store happened on A
+            records[0] = dataclasses.replace(records[0], serialize_s=put.serialize_s if put else 0.0)
+            records = [dataclasses.replace(r, clock_offset_s=self.clock_offset_s) for r in records]
+            den = records[1]
+            records[1] = dataclasses.replace(
+                den, note="; ".join(x for x in (den.note, rerun) if x),
+                info={**(den.info or {}), "worker": w.name, **({"rerun": rerun} if rerun else {})})
+        except ray.exceptions.RayError as exc:
+            err = remote_error("B", "denoise", rid, exc)
+            if rid in self.cancelled:
+                raise H3Cancelled(f"request {rid} was cancelled; B stopped it between two steps.") from None
+            if isinstance(exc, WORKER_LOST):
+                raise WorkerLost(exc) from None  # the caller re-runs it on another worker, or says why not
+            raise err from None
+        except BaseException:
+            # the latents ref carries the same error; read it when it lands so Ray does not log it as unhandled
+            latents_ref.future().add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise
+        finally:
+            if not fut.done():
+                fut.cancel()
+            elif not fut.cancelled():
+                fut.exception()  # mark a failure we reported another way as retrieved
+        if on_step is not None:  # steps that finished after the last poll
+            for i, sec in enumerate(records[1].steps[seen:], start=seen):
+                on_step(StepRecord(i, len(records[1].steps), sec, rid))
+        return Denoised(rid, workflow, latents_ref, records, w)
+
+    async def _follow(self, b, rid: str, fut, recs_ref, on_step) -> int:
+        """Until B's denoise ends: B's step events to ``on_step``, a cancel passed on once, the stall bound kept.
+        Returns how many steps were reported."""
+        seen, last_progress, cancel_sent = 0, time.monotonic(), False
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=self.timeouts.poll)
+            if done:
+                return seen
+            if rid in self.cancelled and not cancel_sent:
+                b.cancel.remote(rid)
+                cancel_sent = True
+            try:
+                prog = await await_ref(b.progress.remote(rid), self.timeouts.health)
+            except asyncio.TimeoutError:
+                prog = None  # B busy answering; the stall bound below still applies
+            steps = prog["steps"] if prog else []
+            if len(steps) > seen:
+                last_progress = time.monotonic()
+                for i, total, sec in steps[seen:]:
+                    if on_step is not None:
+                        on_step(StepRecord(i, total, sec, rid))
+                seen = len(steps)
+            elif prog and prog["state"] in ("waiting", "queued"):
+                last_progress = time.monotonic()
+            if time.monotonic() - last_progress > self.timeouts.stall:
+                b.cancel.remote(rid)
+                ray.cancel(recs_ref)
+                raise H3Timeout(
+                    f"B made no denoise progress on request {rid} for {self.timeouts.stall:.0f} s; it was "
+                    "asked to stop. Check B with `python -m remote_worker status`."
+                )
+
+    async def node_gone(self, settle: float = 0.0, node_id: str | None = None) -> bool:
+        """No alive Ray node offers role B any more (with ``node_id``: that B node is no longer alive): the head's
+        health checks lost machine B (down, its raylet killed, or the link cut), as opposed to only B's actor
+        process dying. Asks the GCS on A, for up to ``settle`` seconds while B's node still counts as alive; every
+        call bounded."""
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                nodes = await asyncio.wait_for(asyncio.to_thread(cl.list_nodes), self.timeouts.health)
+            except Exception:  # the GCS did not answer either: keep the actor's own error
+                return False
+            if not any(n.alive and cl.ROLE_B in n.roles and (node_id is None or n.node_id == node_id)
+                       for n in nodes):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.25)
+
+    # ------------------------------------------------------------------------------------------------ the rest
+    def handle_of(self, request_id: str):
+        """The worker that denoises (or denoised, and holds the latents of) ``request_id``; else the primary."""
+        w = self.worker_of.get(request_id)
+        return w.handle if w is not None else self.primary
+
+    def cancel(self, request_id: str) -> None:
+        """B stops the request before its next step; one announced but not started leaves the worker's queue."""
+        self.cancelled.add(request_id)
+        b = self.handle_of(request_id)
+        if b is not None:
+            b.cancel.remote(request_id)
+            if request_id in self.worker_of:
+                b.dequeue.remote(request_id)
+
+    def start_share(self, latents_ref, request_id: str, b_start: int, clips: int) -> list:
+        """B's share of a split decode, queued on B's compute queue; its refs (clips, then B's record)."""
+        refs = list(self.handle_of(request_id).decode_share.options(num_returns=clips - b_start + 1).remote(
+            [latents_ref], request_id, b_start, clips, self.timeouts.handoff))
+
+        def failed(f):  # a failed share A never read (cancel, A failed) must not be logged as an unhandled error
+            if not f.cancelled() and f.exception() is not None:
+                for r in refs[:-1]:  # the clips carry the same (small) error; never fetch frames here
+                    r.future().add_done_callback(lambda g: g.cancelled() or g.exception())
+
+        refs[-1].future().add_done_callback(failed)
+        return refs
+
+    def on_b_clock(self, records: list[StageRecord]) -> list[StageRecord]:
+        return [dataclasses.replace(r, clock_offset_s=self.clock_offset_s) if r.machine == "B" else r
+                for r in records]

@@ -1,0 +1,155 @@
+"""The one hand-off receive: a bounded wait for the producer, the fetch, validation and materialisation of a payload,
+timed apart on the receiver's clock. A's actor, in-process A and B's actor all receive through it.
+
+* :func:`receive_payload` is the whole receipt of one wire payload (``EncodedRequest`` on B, ``DenoisedLatents`` on
+  A) with its :class:`~..contract.timing.StageRecord` (``a_to_b`` or ``b_to_a``);
+* :class:`ShareReceiver` is A's receipt of B's split-decode share, one clip at a time, each bounded.
+
+Every wait is bounded by the caller's timeout; a producer that failed is named with its stage and request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import ray
+
+from ..contract.errors import HandoffError
+from ..contract.timing import StageRecord
+
+log = logging.getLogger("comfy_h3")
+
+
+def unwrap_ray_error(exc: BaseException) -> BaseException:
+    """The user's exception inside a RayTaskError, when there is one."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def receive(ref, timeout: float, machine: str, stage: str, request_id: str):
+    """Wait for the producer, then fetch; returns ``(payload, producer_wait_s, fetch_s)``.
+
+    Both waits are bounded by ``timeout``; a failure of the producer is re-raised with the stage named.
+    """
+    t0 = time.perf_counter()
+    ready, _ = ray.wait([ref], timeout=timeout, fetch_local=False)
+    t1 = time.perf_counter()
+    if not ready:
+        raise HandoffError(
+            f"{machine} waited {timeout:.0f} s for the {stage} payload of request {request_id} and the producer "
+            "never finished; check the other machine's health."
+        )
+    try:
+        payload = ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError as exc:
+        raise HandoffError(
+            f"{machine} could not fetch the {stage} payload of request {request_id} within {timeout:.0f} s; "
+            "the link between the machines is down or saturated."
+        ) from exc
+    except ray.exceptions.RayTaskError as exc:
+        inner = unwrap_ray_error(exc)
+        raise HandoffError(f"the producer of the {stage} payload of request {request_id} failed: {inner}") from inner
+    except ray.exceptions.RayError as exc:
+        raise HandoffError(
+            f"{machine} lost the {stage} payload of request {request_id}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
+    return payload, t1 - t0, time.perf_counter() - t1
+
+
+class ShareReceiver:
+    """A's side of B's split-decode share: ``refs`` are the share call's returns (one ``wire.DecodedClip`` per clip
+    ``start``, ``start + 1``, ..., then B's decode record). Called with a clip index (``split_decode.serve_clips``
+    asks for every clip in order), it returns B's clip as a tensor, or ``None`` for A to decode that clip itself:
+    for clips before ``start`` (A's share) and, once B's share failed (B's actor died, B was cancelled, a bounded
+    wait ran out), for every clip of it; ``failure`` then says why. B's record lands in ``record``; the producer
+    wait, fetch and materialisation of B's frames are timed apart."""
+
+    def __init__(self, refs: list, start: int, height: int, width: int, timeout: float, request_id: str,
+                 should_cancel=None, poll: float = 0.05):
+        self.clip_refs, self.record_ref = list(refs[:-1]), refs[-1]
+        self.start, self.height, self.width = start, height, width
+        self.timeout, self.request_id, self.should_cancel, self.poll = timeout, request_id, should_cancel, poll
+        self.record = None
+        self.failure = ""
+        self.producer_wait_s = self.fetch_s = self.materialize_s = 0.0
+        self.bytes = 0
+        self.received: list[int] = []
+
+    def _fail(self, why: str) -> None:
+        self.failure = why
+        log.warning("[%s] B's decode share is lost (%s); A decodes clips %d-%d itself", self.request_id, why,
+                    self.start, self.start + len(self.clip_refs) - 1)
+
+    def _await_b(self) -> bool:
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.timeout
+        try:
+            while True:
+                ready, _ = ray.wait([self.record_ref], timeout=self.poll, fetch_local=False)
+                if ready:
+                    break
+                if self.should_cancel is not None and self.should_cancel():
+                    return False  # the blend raises the cancel at its next clip
+                if time.monotonic() > deadline:
+                    self._fail(f"B did not finish its share within {self.timeout:.0f} s")
+                    return False
+            self.record = ray.get(self.record_ref, timeout=self.timeout)
+        except ray.exceptions.RayError as exc:
+            inner = unwrap_ray_error(exc)
+            self._fail(f"{type(exc).__name__}: {str(inner).strip().splitlines()[0] if str(inner).strip() else ''}")
+            return False
+        finally:
+            self.producer_wait_s += time.perf_counter() - t0
+        return True
+
+    def __call__(self, index: int):
+        if index < self.start or self.failure:
+            return None
+        if self.record is None and not self._await_b():
+            return None
+        t0 = time.perf_counter()
+        try:
+            clip = ray.get(self.clip_refs[index - self.start], timeout=self.timeout)
+        except ray.exceptions.RayError as exc:  # the object was lost with B's node
+            self._fail(f"clip {index}: {type(exc).__name__}")
+            return None
+        finally:
+            self.fetch_s += time.perf_counter() - t0
+        clip.validate(self.height, self.width)
+        if clip.index != index or clip.request_id != self.request_id:
+            raise HandoffError(f"A asked B's share for clip {index} of request {self.request_id} and received clip "
+                               f"{clip.index} of request {clip.request_id}.")
+        t1 = time.perf_counter()
+        tensor = clip.frames.to_torch()
+        self.materialize_s += time.perf_counter() - t1
+        self.bytes += clip.nbytes
+        self.received.append(index)
+        self.clip_refs[index - self.start] = None  # A holds the frames now; B's copy can go
+        return tensor
+
+
+def materialize(payload) -> float:
+    """Turn every wire tensor into a torch view (what the blocks will read); returns the seconds it took."""
+    t0 = time.perf_counter()
+    for t in payload.tensors().values():
+        t.to_torch()
+    return time.perf_counter() - t0
+
+
+def receive_payload(ref, timeout: float, machine: str, stage: str, request_id: str,
+                    validate: Callable[[object], object], node: str | None = None) -> tuple[object, StageRecord]:
+    """Receive one wire payload and its record: wait (bounded), fetch, ``validate(payload)`` (the contract's own
+    check, timed apart), materialise its tensors. ``stage`` is the record's (``a_to_b``, ``b_to_a``)."""
+    w0 = time.time()
+    label = {"a_to_b": "A->B", "b_to_a": "B->A"}.get(stage, stage)
+    payload, wait_s, fetch_s = receive(ref, timeout, machine, label, request_id)
+    t_v = time.perf_counter()
+    validate(payload)
+    validate_s = time.perf_counter() - t_v
+    mat_s = materialize(payload)
+    return payload, StageRecord(request_id, stage, machine, node or ray.util.get_node_ip_address(), w0, time.time(),
+                                producer_wait_s=wait_s, fetch_s=fetch_s, materialize_s=mat_s, validate_s=validate_s,
+                                bytes=payload.field_bytes())

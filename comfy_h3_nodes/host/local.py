@@ -1,0 +1,81 @@
+"""The host without ComfyUI (the headless runner, tests, benchmarks): a tqdm progress bar, an interrupt flag set by
+Ctrl-C, an in-memory event list (with optional listeners), a local output folder and model roots from
+``H3_MODEL_DIRS``."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+from typing import Callable
+
+from tqdm import tqdm
+
+from ..engine.contract.errors import H3Cancelled
+
+
+class ProgressReporter:
+    def update(self, value: int, total: int, preview=None) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class LocalProgress(ProgressReporter):
+    def __init__(self, total: int, desc: str):
+        self.bar = tqdm(total=total, desc=desc, leave=False, disable=os.environ.get("H3_QUIET") == "1")
+
+    def update(self, value: int, total: int, preview=None) -> None:
+        if self.bar.total != total:
+            self.bar.total = total
+        self.bar.n = value
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class LocalHost:
+    """Host used without ComfyUI."""
+
+    name = "local"
+
+    def __init__(self):
+        self.events: list[tuple[str, dict]] = []
+        self.listeners: list[Callable[[str, dict], None]] = []
+        self.interrupt_flag = threading.Event()
+        self.current_prompt: str | None = None
+        self._output = pathlib.Path(os.environ.get("H3_OUTPUT_DIR", "output")).resolve()
+
+    def progress(self, node_id: str | None, total: int, desc: str = "H3") -> ProgressReporter:
+        return LocalProgress(total, desc)
+
+    def interrupted(self) -> bool:
+        return self.interrupt_flag.is_set()
+
+    def interrupt_exception(self) -> BaseException:
+        """What a node raises when the user interrupted it."""
+        return H3Cancelled("interrupted: the request was cancelled on B")
+
+    def prompt_id(self) -> str | None:
+        return self.current_prompt
+
+    def send_event(self, event: str, data: dict) -> None:
+        self.events.append((event, data))
+        for listener in list(self.listeners):
+            listener(event, data)
+
+    def progress_text(self, text: str, node_id: str | None) -> None:
+        self.send_event("h3.text", {"node": node_id, "text": text})
+
+    def output_dir(self) -> pathlib.Path:
+        self._output.mkdir(parents=True, exist_ok=True)
+        return self._output
+
+    def set_output_dir(self, path: str | os.PathLike) -> None:
+        self._output = pathlib.Path(path).resolve()
+
+    def model_folders(self) -> list[str]:
+        """A's model roots without ComfyUI: ``H3_MODEL_DIRS`` (colon-separated), else none."""
+        return [d for d in os.environ.get("H3_MODEL_DIRS", "").split(os.pathsep) if d.strip()]

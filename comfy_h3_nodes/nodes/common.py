@@ -1,0 +1,166 @@
+"""What the node classes share: ComfyUI values to the engine's and back, and each node's timing report.
+
+Lists: ComfyUI hands ``INPUT_IS_LIST`` nodes every input as a list (a direct call may pass one value); a batch is N
+requests where every list input holds 1 or N items.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import time
+
+from ..engine import session
+from ..engine.contract import request as rq
+from ..engine.contract.timing import StageRecord
+from ..host import host
+
+log = logging.getLogger("comfy_h3.nodes")
+
+CATEGORY = "MiniMax-H3"
+MAX_BATCH = 64  # requests of one graph run
+
+
+# ------------------------------------------------------------------------------------------------ lists
+def items(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def one(value):
+    """The single value of an input that a batch shares (encoders, dit, decode_on, unique_id)."""
+    values = items(value)
+    return values[0] if values else None
+
+
+def at(value, i: int):
+    values = items(value)
+    return values[min(i, len(values) - 1)] if values else None
+
+
+def batch_size(**inputs) -> int:
+    """N of a batch: every list input has 1 or N items; anything else is an error naming the input."""
+    sizes = {k: len(items(v)) for k, v in inputs.items() if v is not None}
+    n = max(sizes.values(), default=1)
+    bad = {k: m for k, m in sizes.items() if m not in (1, n)}
+    if bad or n == 0:
+        raise rq.RequestError(
+            "the inputs of one batch must each hold 1 or the same number N of items; got "
+            + ", ".join(f"{k}: {m}" for k, m in sizes.items()) + ". Give every list the same length."
+        )
+    if n > MAX_BATCH:
+        raise rq.RequestError(f"a batch of {n} requests is over the {MAX_BATCH} limit; split it into several runs.")
+    return n
+
+
+def short(prompt, limit: int = 40) -> str:
+    text = str(prompt or "").strip().replace("\n", " ")
+    return repr(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+# ------------------------------------------------------------------------------------------------ media
+def image_list(images) -> list:
+    """A ComfyUI IMAGE batch [B,H,W,C] -> list of [H,W,C] float arrays (validated by the engine)."""
+    if images is None:
+        return []
+    arr = images.detach().cpu().numpy() if hasattr(images, "detach") else images
+    if getattr(arr, "ndim", 0) == 3:
+        return [arr]
+    if getattr(arr, "ndim", 0) != 4:
+        raise rq.RequestError(f"IMAGE has shape {tuple(getattr(arr, 'shape', ()))}; expected [batch, H, W, 3].")
+    return [arr[i] for i in range(arr.shape[0])]
+
+
+def audio_clip(audio) -> rq.AudioClip | None:
+    """ComfyUI's AUDIO ``{"waveform": [1,C,L], "sample_rate"}`` -> the engine's clip, checked."""
+    if audio is None:
+        return None
+    if not isinstance(audio, dict) or "waveform" not in audio or "sample_rate" not in audio:
+        raise rq.RequestError("AUDIO must be ComfyUI's {'waveform': [B,C,L], 'sample_rate': int}.")
+    wf = audio["waveform"]
+    wf = wf.detach().cpu().float().numpy() if hasattr(wf, "detach") else wf
+    if getattr(wf, "ndim", 0) == 3:
+        if wf.shape[0] != 1:
+            raise rq.RequestError(f"AUDIO reference holds a batch of {wf.shape[0]} clips; give one.")
+        wf = wf[0]
+    return rq.check_audio(rq.AudioClip(wf, int(audio["sample_rate"])), "AUDIO reference")
+
+
+# ------------------------------------------------------------------------------------------------ records
+def a_node() -> str:
+    """How A's records name this machine: its host name, the same before and after Ray starts (its cluster address
+    is shown by H3RemoteDiT and /h3/status)."""
+    return socket.gethostname()
+
+
+def local_record(stage: str, t0: float, w0: float, request_id: str = "", **kw) -> StageRecord:
+    return StageRecord(request_id, stage, "A", a_node(), w0, time.time(), compute_s=time.perf_counter() - t0, **kw)
+
+
+def named_by_host(records: list[StageRecord], b_host: str) -> list[StageRecord]:
+    """The executor's records name nodes by cluster address; the UI names both machines by host name."""
+    return [dataclasses.replace(r, node=a_node() if r.machine == "A" else (b_host or r.node)) for r in records]
+
+
+def b_host(executor) -> str:
+    return ((executor.last_health or {}).get("B") or {}).get("hostname", "")
+
+
+def _summary(records: list[StageRecord], compute_stage: str) -> dict:
+    by = {r.stage: r for r in records}
+    out = {"compute_s": sum(r.compute_s for r in records if r.stage == compute_stage),
+           "machine": by[compute_stage].machine if compute_stage in by else "A", "a_to_b": None, "b_to_a": None}
+    for stage in ("a_to_b", "b_to_a"):
+        r = by.get(stage)
+        if r is not None:
+            out[stage] = {"producer_wait_s": r.producer_wait_s, "fetch_s": r.fetch_s,
+                          "materialize_s": r.materialize_s, "validate_s": r.validate_s,
+                          "serialize_s": r.serialize_s, "bytes": r.total_bytes}
+    if "denoise" in by:
+        out["steps_done"] = len(by["denoise"].steps)
+    return out
+
+
+def report(node_type: str, unique_id, records: list[StageRecord], compute_stage: str, extra: dict | None = None,
+           ui: dict | None = None) -> dict:
+    """Send ``h3.timing``, keep the records for ``/h3/timings``, and return the ``ui`` dict of the node."""
+    h = host()
+    payload = {
+        "prompt_id": h.prompt_id(),
+        "node": None if unique_id is None else str(unique_id),
+        "node_type": node_type,
+        "request_id": next((r.request_id for r in records if r.request_id), None),
+        "stages": [r.to_dict() for r in records],
+        "summary": {**_summary(records, compute_stage), **(extra or {})},
+    }
+    session.TIMINGS.add(records)
+    h.send_event("h3.timing", payload)
+    out = dict(ui or {})
+    out["h3_timing"] = [payload]
+    return out
+
+
+def step_events(unique_id, bar=None, batch: tuple | None = None, on_cancel=None):
+    """An ``on_step`` for B's step events: the node's progress bar, and ``h3.progress`` to the UI. A progress hook
+    that raises (ComfyUI's, once the user interrupted) calls ``on_cancel``."""
+    h = host()
+    prompt_id = h.prompt_id()
+
+    def on_step(ev):  # runs on the executor's thread
+        if bar is not None:
+            try:
+                bar.update(ev.index + 1, ev.total)
+            except Exception as exc:  # noqa: BLE001 - ComfyUI's progress hook raises once the user interrupted
+                log.info("progress update raised %s: cancelling request %s on B", type(exc).__name__, ev.request_id)
+                if on_cancel is not None:
+                    on_cancel()
+        event = {"prompt_id": prompt_id, "node": str(unique_id), "request_id": ev.request_id, "step": ev.index + 1,
+                 "total": ev.total, "seconds": ev.seconds}
+        if batch is not None:
+            event["batch"] = list(batch(ev.request_id))
+        try:
+            h.send_event("h3.progress", event)
+        except Exception as exc:  # noqa: BLE001 - a UI that went away must not stop the denoise
+            log.warning("could not send h3.progress: %s", exc)
+
+    return on_step

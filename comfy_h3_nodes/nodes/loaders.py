@@ -1,0 +1,199 @@
+"""Loader nodes: A's encoders (``H3LoadEncoders``), the DiT on B (``H3RemoteDiT``) and its LoRA adapters
+(``H3LoRA``). Each translates its widgets to the engine's resident state (:mod:`..engine.session`) and reports."""
+
+from __future__ import annotations
+
+import time
+
+from ..engine import session
+from ..engine.contract import request as rq
+from ..engine.contract.configs import A_COMPONENTS, DTYPES, PARTITIONS, PRECISIONS, TINY
+from ..engine.contract.errors import ModelFolderError
+from ..engine.contract.timing import StageRecord
+from ..engine.model import catalog
+from ..engine.model.backends import UI_CHOICES
+from ..engine.model.folders import check_model_dir
+from ..host import host
+from .common import CATEGORY, local_record, report
+from .values import DiT, dit_parts
+
+
+class H3LoadEncoders:
+    DESCRIPTION = "Loads MiniMax-H3's Qwen3-VL text encoder, video VAE and audio VAE on this machine (A), once."
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("H3_ENCODERS",)
+    RETURN_NAMES = ("encoders",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        session.A_MODEL_ROOTS[:] = host().model_folders()  # what /h3/status lists as A's models
+        models = catalog.choices(session.A_MODEL_ROOTS)
+        return {"required": {
+            "model_path": (models, {"default": models[0], "tooltip": (
+                "diffusers MiniMax-H3 folder on A (found under ComfyUI's models/diffusers; a typed path works too). "
+                f"'{TINY}' is a tiny random model built on first use: try the pack without weights.")}),
+            "dtype": (list(DTYPES), {"default": "bfloat16"}),
+            "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    # Names model_path so that a typed path (API prompts) passes ComfyUI's list check; this checks it instead.
+    @classmethod
+    def VALIDATE_INPUTS(cls, model_path=None):
+        return check_a_model(model_path)
+
+    def load(self, model_path, dtype, attention_backend, unique_id=None):
+        t0, w0 = time.perf_counter(), time.time()
+        err = check_a_model(model_path)
+        if err is not True:
+            raise ModelFolderError(err)
+        enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend)
+        loads = sum(r.seconds for r in enc.load_records) if loaded_now else 0.0
+        what = TINY if catalog.is_tiny(model_path) else str(enc.model_dir)
+        plan = getattr(enc, "memory_plan", None)
+        rec = local_record("load", t0, w0, load_s=loads,
+                           note=("loaded" if loaded_now else "resident") + f" {what}: {', '.join(enc.resident())}"
+                           + (f" · {plan.summary()}" if plan is not None else ""))
+        return {"ui": report("H3LoadEncoders", unique_id, [rec], "load"), "result": (enc,)}
+
+
+def check_a_model(model_path) -> str | bool:
+    if model_path is None or catalog.is_tiny(model_path):
+        return True
+    if not isinstance(model_path, str) or not model_path.strip():
+        return f"model_path is empty; choose a model folder, or {TINY!r} to try the pack without weights."
+    try:
+        check_model_dir(model_path.strip(), A_COMPONENTS)
+    except ModelFolderError as exc:
+        return f"{exc} To try the pack without weights, choose {TINY!r}."
+    return True
+
+
+class H3RemoteDiT:
+    DESCRIPTION = ("Connects to the resident MiniMax-H3 DiT on machine B (a named Ray actor); 'local' starts a "
+                   "two-node Ray cluster on this machine. Checks topology and health on every run.")
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("H3_DIT",)
+    RETURN_NAMES = ("dit",)
+    FUNCTION = "connect"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        models = session.b_model_choices()
+        return {"required": {
+            "cluster_address": ("STRING", {"default": "local", "tooltip": "'local' or the Ray head host:port"}),
+            "actor_name": ("STRING", {"default": "h3_dit*", "tooltip": (
+                "the DiT workers to use: one name, a comma-separated list, or a prefix with '*' (h3_dit* = every "
+                "worker `remote_worker setup --name h3_dit...` started). Each request goes to the worker that can "
+                "start it soonest; a worker lost mid-request hands it to another")}),
+            "namespace": ("STRING", {"default": "comfy_h3"}),
+            "model_path": (models, {"default": models[0], "tooltip": (
+                "model on machine B: the list is what B reported at the last connection (run once, then Refresh); "
+                f"a typed path on B works too. '{TINY}' is a tiny random model B builds on first use.")}),
+            "partition": (list(PARTITIONS), {"default": "transformer", "tooltip": (
+                "the partition B loads first; B switches to what each workflow needs (ref2va: transformer_ref), or "
+                "holds both when its memory plan allows. A transformer file as model_path is this partition.")}),
+            "dtype": (list(DTYPES), {"default": "bfloat16"}),
+            "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
+            "precision": (list(PRECISIONS), {"default": "auto", "tooltip": (
+                "how B stores the transformer: auto (dtype; a GGUF file as stored), bf16, fp8 (fp8 storage, bf16 "
+                "compute: both partitions fit a Spark) or gguf. B checks its memory plan before loading.")}),
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")  # re-check topology and health on every run
+
+    # No **kwargs in any VALIDATE_INPUTS: ComfyUI skips its own min/max and combo checks for every input a
+    # VALIDATE_INPUTS names, and for all of them when it takes **kwargs. A linked input arrives as None. ComfyUI
+    # shows a VALIDATE_INPUTS message once per input the method names, so each names only the inputs its message is
+    # about: here model_path (a typed path on B must pass the list check); the address is checked when it runs.
+    @classmethod
+    def VALIDATE_INPUTS(cls, model_path=None):
+        if model_path is not None and (not isinstance(model_path, str) or not model_path.strip()):
+            return f"model_path is empty; choose a model B has, or {TINY!r} to try the pack without weights."
+        return True
+
+    def connect(self, cluster_address, actor_name, namespace, model_path, partition, dtype, attention_backend,
+                precision="auto", unique_id=None):
+        from .. import placement  # noqa: PLC0415 - Ray and the B side load when the node runs, not at ComfyUI's load
+
+        t0, w0 = time.perf_counter(), time.time()
+        address = rq.check_cluster_address(cluster_address)
+        rq.check_actor_name(actor_name)
+        session.A_MODEL_ROOTS[:] = host().model_folders()
+        ex = session.dit(address, actor_name.strip(), namespace.strip(), model_path.strip(), partition,
+                         dtype, attention_backend, precision=precision, actors=placement.ACTORS)
+        note, extra = connection_readout(ex)
+        b = ex.last_health["B"]
+        rec = StageRecord("", "connect", "B", b.get("hostname") or b["node_ip"], w0, time.time(),
+                          compute_s=time.perf_counter() - t0, note=note)
+        ui = report("H3RemoteDiT", unique_id, [rec], "connect", extra=extra)
+        host().progress_text(note, unique_id)
+        return {"ui": ui, "result": (ex,)}
+
+
+def connection_readout(ex) -> tuple[str, dict]:
+    """What ``H3RemoteDiT`` shows: where A and B run, what B serves and holds, the pool, a reconfiguration."""
+    health = ex.last_health  # session.dit has just checked it (on start, or on reuse)
+    b = health["B"]
+    plan = b.get("memory_plan") or {}
+    note = f"A {ex.topology.a.ip} · B {b['node_ip']} ({b['device']}; {b_config_text(b)})"
+    workers = health.get("workers") or []
+    if len(workers) > 1:  # a pool: every worker this node's actor_name matches
+        note += f" · pool of {len(workers)}: " + ", ".join(f"{w['name']} {w['node']}" for w in workers)
+    if ex.last_reconfigure:
+        note += f" · B reconfigured: {ex.last_reconfigure}"
+    if plan.get("summary"):
+        note += f" · {plan['summary']}"
+    extra = {"a_node": ex.topology.a.ip, "b_node": b["node_ip"], "b_device": b["device"],
+             # what B holds now; each denoise readout says which partition that request ran on
+             "partition": " + ".join(plan.get("resident_partitions") or [b["partition"]]),
+             "resident": b.get("resident"), "b_models": session.b_model_choices(),
+             "reconfigured": ex.last_reconfigure or None, "precision": b.get("precision"),
+             "workers": [{"name": w["name"], "node": w["node"]} for w in workers],
+             "memory_plan": plan.get("summary"), "clock_b_minus_a_s": health["clock"]["b_minus_a_s"]}
+    return note, extra
+
+
+def b_config_text(b: dict) -> str:
+    """What B serves: model, partition(s) resident, dtype and attention backend."""
+    model = TINY if catalog.is_tiny(b.get("model", "")) else b.get("model_dir", "?")
+    held = (b.get("memory_plan") or {}).get("resident_partitions") or [b["partition"]]
+    return (f"{model}, {' + '.join(held)}, {b['dtype']}, precision {b.get('precision') or 'auto'}, "
+            f"attention {b.get('attention_choice') or b['attention_backend']}")
+
+
+class H3LoRA:
+    DESCRIPTION = ("Adds a LoRA adapter (a .safetensors file on machine B, inside its model roots) with a strength. "
+                   "Chain several to stack them. The base DiT stays resident; B switches adapters per request.")
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("H3_DIT",)
+    RETURN_NAMES = ("dit",)
+    FUNCTION = "apply"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "dit": ("H3_DIT",),
+            "lora_path": ("STRING", {"default": "/models/loras/h3_turbo_4step.safetensors", "tooltip": (
+                f"path on machine B; '{TINY}' is a tiny random 4-step LoRA B builds for the '{TINY}' model")}),
+            "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.05}),
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, lora_path=None):  # strength: ComfyUI's own range check
+        if lora_path is not None:
+            try:
+                rq.check_adapters([(lora_path, 1.0)])
+            except rq.RequestError as exc:
+                return str(exc)
+        return True
+
+    def apply(self, dit, lora_path, strength, unique_id=None):
+        t0, w0 = time.perf_counter(), time.time()
+        ex, adapters = dit_parts(dit)
+        adapters = rq.check_adapters([*adapters, (lora_path, strength)])
+        rec = local_record("lora", t0, w0, note=", ".join(f"{p} x{w:g}" for p, w in adapters))
+        return {"ui": report("H3LoRA", unique_id, [rec], "lora", extra={"adapters": [list(a) for a in adapters]}),
+                "result": (DiT(ex, adapters),)}
