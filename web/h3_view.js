@@ -6,10 +6,24 @@
 //
 // Data contract: docs/events.md (`h3.timing`, `h3.progress`, `GET /h3/status`, `GET /h3/timings`).
 
-export const H3_NODE_TYPES = Object.freeze([
-  "H3LoadEncoders", "H3RemoteDiT", "H3Keyframes", "H3References",
-  "H3TextEncode", "H3RemoteDenoise", "H3Decode", "H3SaveVideo",
-]);
+/**
+ * The pack's nodes, in one table: the readout's word for each node's own work, and the machine it runs on when its
+ * record does not say. It lists exactly the Python package's NODE_CLASS_MAPPINGS (tests/test_web_view_nodes.py
+ * checks that), so a node added there without a readout fails a test instead of showing nothing.
+ */
+export const H3_NODES = Object.freeze({
+  H3LoadEncoders: { verb: "load", machine: "A" },
+  H3RemoteDiT: { verb: "connect", machine: "B" },
+  H3LoRA: { verb: "lora", machine: "A" },
+  H3Keyframes: { verb: "keyframes", machine: "A" },
+  H3References: { verb: "references", machine: "A" },
+  H3PromptList: { verb: "prompts", machine: "A" },
+  H3TextEncode: { verb: "encode", machine: "A" },
+  H3RemoteDenoise: { verb: "denoise", machine: "B" },
+  H3Decode: { verb: "decode", machine: "A" },
+  H3SaveVideo: { verb: "save", machine: "A" },
+});
+export const H3_NODE_TYPES = Object.freeze(Object.keys(H3_NODES));
 const H3_TYPE_SET = new Set(H3_NODE_TYPES);
 
 /** Default share of a request's total time above which a transfer is highlighted, in percent. */
@@ -26,11 +40,8 @@ const STAGE_LABEL = { a_to_b: "A->B", b_to_a: "B->A" };
 const STAGE_MACHINE = { load: "A", connect: "B", encode: "A", a_to_b: "B", denoise: "B", b_to_a: "A", decode: "A", save: "A" };
 
 /** What each node type's own compute is called in its readout. */
-export const NODE_VERB = Object.freeze({
-  H3LoadEncoders: "load", H3RemoteDiT: "connect", H3Keyframes: "keyframes", H3References: "references",
-  H3TextEncode: "encode", H3RemoteDenoise: "denoise", H3Decode: "decode", H3SaveVideo: "save",
-});
-const NODE_MACHINE = { H3RemoteDiT: "B", H3RemoteDenoise: "B" };
+export const NODE_VERB = Object.freeze(Object.fromEntries(Object.entries(H3_NODES).map(([k, v]) => [k, v.verb])));
+const NODE_MACHINE = Object.fromEntries(Object.entries(H3_NODES).map(([k, v]) => [k, v.machine]));
 
 export function isH3NodeType(t) {
   return typeof t === "string" && H3_TYPE_SET.has(t);

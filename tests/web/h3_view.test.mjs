@@ -42,9 +42,9 @@ function encodeTiming({ rid = RID, node = "3", start = 100, end = 101.8 } = {}) 
 }
 
 test("node types and defaults", () => {
-  assert.equal(H3_NODE_TYPES.length, 8);
-  for (const t of ["H3LoadEncoders", "H3RemoteDiT", "H3Keyframes", "H3References", "H3TextEncode", "H3RemoteDenoise",
-                   "H3Decode", "H3SaveVideo"]) assert.ok(isH3NodeType(t), t);
+  assert.equal(H3_NODE_TYPES.length, 10);
+  for (const t of ["H3LoadEncoders", "H3RemoteDiT", "H3LoRA", "H3Keyframes", "H3References", "H3PromptList",
+                   "H3TextEncode", "H3RemoteDenoise", "H3Decode", "H3SaveVideo"]) assert.ok(isH3NodeType(t), t);
   assert.equal(isH3NodeType("KSampler"), false);
   assert.equal(isH3NodeType(undefined), false);
   assert.equal(DEFAULT_WARN_SHARE, 0.1);

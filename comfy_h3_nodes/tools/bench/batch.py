@@ -86,6 +86,7 @@ def run_batch(requests: int = 8, synthetic: dict | None = None, log=print) -> di
             videos = len(res.videos())
     finally:
         session.use_a_side(None)
+        session.forget(WORKER)  # this process's executor for the stand-in worker goes with it
         if worker is not None:
             ray.kill(worker, no_restart=True)
     busy = _machine_work(res)  # the work each request of the batch really cost each machine
