@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -20,13 +21,13 @@ from collections import deque
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from comfy_h3_nodes.cluster.ray_cluster import ROLE_B
+from comfy_h3_nodes.cluster.ray_cluster import ROLE_A, ROLE_B
 from comfy_h3_nodes.engine.contract import wire
 from comfy_h3_nodes.engine.contract.configs import NAMESPACE
 from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
 from comfy_h3_nodes.engine.contract.timing import StageRecord
 from comfy_h3_nodes.engine.executor.handoff import receive, receive_payload
-from comfy_h3_nodes.engine.model import catalog, formats
+from comfy_h3_nodes.engine.model import catalog, formats, parallel
 from comfy_h3_nodes.engine.model.backends import resolve_attention_backend
 from comfy_h3_nodes.engine.model.folders import b_components, check_model_dir
 from comfy_h3_nodes.engine.process import ResidentActorMixin, base_health, runtime_env, setup_process
@@ -64,7 +65,7 @@ def build_side(config: dict, side_class: type = BSide, **extra) -> BSide:
                  allow_swap=config.get("allow_swap", True), path_check=path_check,
                  precision=config.get("precision") or "auto", residency=config.get("residency") or "auto",
                  sources=sources, memory_limit_bytes=config.get("memory_limit_bytes"),
-                 decoder=config.get("decoder") or "auto", **extra)
+                 decoder=config.get("decoder") or "auto", machine=config.get("role") or "B", **extra)
 
 
 class DiTActorImpl(ResidentActorMixin):
@@ -81,7 +82,8 @@ class DiTActorImpl(ResidentActorMixin):
         self._step_s: deque = deque(maxlen=32)  # seconds of the last steps (the pool's wait estimate)
         self.recent: deque = deque(maxlen=50)
         self.node_ip = ray.util.get_node_ip_address()
-        log.info("B ready on %s: %s", self.node_ip, self.side.resident())
+        self.machine = config.get("role") or "B"  # a DiT rank on A's machine (parallel denoise) says "A"
+        log.info("DiT ready on %s (%s): %s", self.node_ip, self.machine, self.side.resident())
 
     def make_side(self, config: dict) -> BSide:
         """The resident DiT this actor serves, as ``config`` says (a subclass may wrap it: the benchmarks give the
@@ -106,7 +108,7 @@ class DiTActorImpl(ResidentActorMixin):
             if request_id in self._cancelled:
                 raise DenoiseCancelled(f"request {request_id} was cancelled before B started it")
             payload, a_to_b = receive_payload(
-                refs[0], wait_timeout, "B", "a_to_b", request_id,
+                refs[0], wait_timeout, self.machine, "a_to_b", request_id,
                 lambda p: (call.validate(p), p.validate(text_dim=self.side.text_dim)), self.node_ip)
             t_recv = a_to_b.end
             progress["state"] = "running"
@@ -118,11 +120,15 @@ class DiTActorImpl(ResidentActorMixin):
                 self._step_s.append(rec.seconds)
 
             result = self.side.denoise(payload, call, on_step=on_step, validated=True,
-                                       should_cancel=lambda: request_id in self._cancelled)
-            den = StageRecord(request_id, "denoise", "B", self.node_ip, t_recv, time.time(),
+                                       should_cancel=lambda: request_id in self._cancelled,
+                                       ready_timeout=wait_timeout)
+            info = self._serving(result.swap_s)
+            if result.parallel:  # one rank of a DiT group: its share of the time in collectives
+                info.update(result.parallel, comm_s=round(result.comm_s, 5), machine=self.machine)
+            den = StageRecord(request_id, "denoise", self.machine, self.node_ip, t_recv, time.time(),
                               compute_s=result.compute_s, bytes=result.latents.field_bytes(),
                               steps=tuple(s.seconds for s in result.steps), load_s=result.swap_s + result.adapter_s,
-                              note=result.schedule_note(call.adapters), info=self._serving(result.swap_s))
+                              note=result.schedule_note(call.adapters), info=info)
             progress["state"] = "done"
             self.recent.append({"request_id": request_id, "workflow": payload.workflow, "steps": len(result.steps),
                                 "compute_s": round(result.compute_s, 4), "finished": time.time(),
@@ -175,6 +181,37 @@ class DiTActorImpl(ResidentActorMixin):
             with self._lock:
                 self._decoding.discard(request_id)
                 self._cancelled.discard(request_id)
+
+    # ------------------------------------------------------------------------------------------------ DiT group
+    @ray.method(concurrency_group="control")
+    def rendezvous(self) -> str:
+        """``ip:port`` on this node where a DiT group with this worker as rank 0 meets (a free port, now)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((self.node_ip, 0))
+            return f"{self.node_ip}:{s.getsockname()[1]}"
+
+    @ray.method(concurrency_group="denoise")
+    def join_group(self, group_id: str, address: str, rank: int, world: int, timeout_s: float,
+                   join_timeout_s: float = 600.0) -> dict:
+        """Join a DiT group (queued behind this worker's running denoise): every rank calls it at once; returns when
+        all joined (at most ``join_timeout_s``); its collectives are bounded by ``timeout_s``."""
+        parallel.join(group_id, address, rank, world, timeout_s, self.side.device, join_timeout_s)
+        return {"group": group_id, "rank": rank, "world": world, "node_ip": self.node_ip, "machine": self.machine,
+                "heads": int(getattr(self.side._host, self.side.partition).config.num_attention_heads)}
+
+    @ray.method(concurrency_group="control")
+    def group_of(self) -> str | None:
+        """The DiT group this worker is in now (another caller may have formed a new one with it since)."""
+        group = parallel.current()
+        return group.group_id if group else None
+
+    @ray.method(concurrency_group="control")
+    def leave_group(self, group_id: str | None = None) -> bool:
+        """Leave the DiT group (``group_id``: only that one); its peers' collectives fail at once."""
+        group = parallel.current()
+        if group is None or (group_id is not None and group.group_id != group_id):
+            return False
+        return parallel.leave()
 
     # ------------------------------------------------------------------------------------------------ control
     @ray.method(concurrency_group="control")
@@ -341,15 +378,17 @@ def dit_actor_class(impl: type = DiTActorImpl):
 
 
 def start_dit(config: dict, *, node_id: str | None = None, env: dict | None = None, impl: type = DiTActorImpl,
-              detached: bool = True, get_if_exists: bool = True):
+              detached: bool = True, get_if_exists: bool = True, role: str = "B"):
     """The one factory of a DiT worker: a named actor on a node with role B (``node_id``: pinned to that node, as
     ``setup`` pins it to its own machine), restarted as ``config["max_restarts"]`` says but never replaying a
     denoise (``max_task_retries=0``), with the pack and the forwarded environment in its ``runtime_env``. Used by
     ``setup``, the executor's embedded mode and the benchmarks; returns the handle (the actor loads its model in
     the background: its first call waits for that)."""
-    opts = {"name": config["name"], "namespace": config.get("namespace") or NAMESPACE, "resources": {ROLE_B: 1},
+    config = {**config, "role": role}  # "A": a DiT rank on A's machine, for parallel denoise
+    opts = {"name": config["name"], "namespace": config.get("namespace") or NAMESPACE,
+            "resources": {ROLE_A if role == "A" else ROLE_B: 1},
             "max_restarts": int(config.get("max_restarts", -1)), "max_task_retries": 0,
-            "runtime_env": runtime_env(env)}
+            "runtime_env": runtime_env({**parallel.gloo_interface_env(), **(env or {})})}
     if detached:
         opts["lifetime"] = "detached"
     if get_if_exists:

@@ -17,6 +17,7 @@ Per-step reporting and cancellation are two small loop blocks inserted around di
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -32,7 +33,7 @@ from comfy_h3_nodes.engine.contract import wire
 from comfy_h3_nodes.engine.contract.configs import PARTITION_OF, PARTITIONS, SCHEDULERS
 from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
 from comfy_h3_nodes.engine.contract.timing import StepRecord
-from comfy_h3_nodes.engine.model import formats, memory_plan, split, split_decode
+from comfy_h3_nodes.engine.model import formats, memory_plan, parallel, split, split_decode
 from comfy_h3_nodes.engine.model.backends import apply_attention_backend, resolve_attention_backend
 from comfy_h3_nodes.engine.model.folders import b_components, check_model_dir
 from comfy_h3_nodes.engine.process import maybe_profile
@@ -49,11 +50,16 @@ class StepMonitor:
     should_cancel: Callable[[], bool] | None = None
     request_id: str = ""
     sync: Callable[[], None] | None = None  # CUDA: wait for the step's kernels, so step times are real
+    #: in a DiT group: every rank's wish to stop, agreed (so all ranks stop before the same step)
+    agree: Callable[[bool], bool] | None = None
     steps: list[StepRecord] = field(default_factory=list)
     _t0: float = 0.0
 
     def start(self, i: int) -> None:
-        if self.should_cancel is not None and self.should_cancel():
+        stop = self.should_cancel is not None and self.should_cancel()
+        if self.agree is not None:
+            stop = self.agree(stop)
+        if stop:
             raise DenoiseCancelled(f"request {self.request_id} was cancelled before step {i + 1}/{self.total} on B")
         self._t0 = time.perf_counter()
 
@@ -114,6 +120,8 @@ class DenoiseResult:
     audio_shift: float = 0.0
     profile_path: str | None = None
     notes: list = field(default_factory=list)  # more for the record's note (a benchmark's stand-in time)
+    comm_s: float = 0.0  # in a DiT group: seconds inside the collectives (waiting for the slower rank included)
+    parallel: dict = field(default_factory=dict)  # in a DiT group: rank, world, method, rows
 
     def schedule_note(self, adapters: tuple = ()) -> str:
         parts = [f"{len(self.steps)} forwards, shift {self.shift:g} (video) / {self.audio_shift:g} (audio)"]
@@ -142,7 +150,8 @@ class BSide:
                  attention_backend: str = "sdpa", device: str | None = None, allow_swap: bool = True,
                  path_check: Callable | None = None, precision: str = "auto", residency: str = "auto",
                  sources: dict | None = None, memory_limit_bytes: int | None = None,
-                 plan_canvas: tuple | None = None, decoder: str = "auto"):
+                 plan_canvas: tuple | None = None, decoder: str = "auto", machine: str = "B"):
+        self.machine = machine  # "A": a DiT rank on A's machine (parallel denoise); its plan says so
         self.attention_backend = resolve_attention_backend(attention_backend)
         self.device = split.pick_device(device)
         if precision == "bf16":
@@ -193,7 +202,7 @@ class BSide:
     def _plan(self, partition: str, residency: str, limit: int | None, canvas: tuple) -> memory_plan.MemoryPlan:
         """The plan B loads by, checked before anything loads (:func:`memory_plan.choose_b_plan`)."""
         return memory_plan.choose_b_plan(self.sources, partition, self.precision, residency, self.dtype, self.device,
-                                         canvas, limit, self.allow_swap).check()
+                                         canvas, limit, self.allow_swap, self.machine).check()
 
     def memory_report(self) -> dict:
         """The plan B loaded by and what it really holds (health's ``memory_plan``)."""
@@ -323,9 +332,13 @@ class BSide:
     # ------------------------------------------------------------------------------------------------ denoise
     def denoise(self, payload: wire.EncodedRequest, call: wire.DenoiseCall,
                 on_step: Callable[[StepRecord], None] | None = None,
-                should_cancel: Callable[[], bool] | None = None, validated: bool = False) -> DenoiseResult:
+                should_cancel: Callable[[], bool] | None = None, validated: bool = False,
+                ready_timeout: float = 600.0) -> DenoiseResult:
         """Denoise one run (``call``: its seed, steps and adapters) of an encoded request; ``validated=True`` when the
-        caller already validated both (the actor does, to time it apart from the transfer)."""
+        caller already validated both (the actor does, to time it apart from the transfer). With ``call.parallel``
+        this process is one rank of a DiT group (:mod:`comfy_h3_nodes.engine.model.parallel`): it waits (at most
+        ``ready_timeout``) until every rank holds the payload and its model, runs the same blocks with the same seed
+        under diffusers' context parallelism, and stops when any rank stops."""
         if not validated:
             call.validate(payload)
             payload.validate(text_dim=self.text_dim)
@@ -341,17 +354,24 @@ class BSide:
             shifts = self._apply_schedule(pipe, schedule)
             cuda = self.device.startswith("cuda")
             monitor = StepMonitor(total=call.num_inference_steps, on_step=on_step, should_cancel=should_cancel,
-                                  request_id=call.request_id,
-                                  sync=torch.cuda.synchronize if cuda else None)
+                                  request_id=call.request_id, sync=torch.cuda.synchronize if cuda else None)
+            clock = parallel.CommClock()
+            grouped = self._grouped(call, monitor, clock, ready_timeout)
             self._slot.monitor = monitor
             t0 = time.perf_counter()
             self.last_profile = None
             try:
                 generator = torch.Generator("cpu").manual_seed(call.seed)
-                with maybe_profile(f"denoise_{call.request_id}", cuda) as prof:
+                with grouped, maybe_profile(f"denoise_{call.request_id}", cuda) as prof:
                     out = pipe(**payload.pipeline_inputs(), num_inference_steps=call.num_inference_steps,
                                generator=generator, output=["latents", "audio_latents"])
                 self.last_profile = prof.path
+            except DenoiseCancelled:
+                raise
+            except Exception:
+                if call.parallel is not None:  # the peers' next collective fails at once, not after the timeout
+                    parallel.leave()
+                raise
             finally:
                 self._slot.monitor = None
             compute_s = time.perf_counter() - t0
@@ -366,7 +386,27 @@ class BSide:
         )
         res = DenoiseResult(result.validate(), monitor.steps, compute_s, swap_s, adapter_s, *shifts)
         res.profile_path = self.last_profile
+        if call.parallel is not None:
+            res.comm_s = clock.seconds
+            rows = clock.rows
+            res.parallel = {"rank": call.parallel.rank, "world": call.parallel.world, "method": call.parallel.method,
+                            "group": call.parallel.group_id, "collectives": clock.calls, "rows": rows,
+                            "uneven": rows % call.parallel.world != 0}
         return res
+
+    def _grouped(self, call: wire.DenoiseCall, monitor: StepMonitor, clock, ready_timeout: float):
+        """For a rank of a DiT group: check this process is in the call's group, wait for every rank to be ready,
+        agree on stopping each step, and parallelise the partition for this request (a no-op context otherwise)."""
+        if call.parallel is None:
+            return contextlib.nullcontext()
+        spec, group = call.parallel, parallel.current()
+        if group is None or group.group_id != spec.group_id or group.rank != spec.rank or group.world != spec.world:
+            have = f"group {group.group_id} rank {group.rank} of {group.world}" if group else "no group"
+            raise parallel.ParallelError(f"this DiT worker is in {have}, and request {call.request_id} is for group "
+                                         f"{spec.group_id} rank {spec.rank} of {spec.world}: form the group again.")
+        parallel.barrier(group, ready_timeout)
+        monitor.agree = lambda stop: parallel.agree_stop(stop, group)
+        return parallel.applied(getattr(self._host, self.partition), group, spec.method, clock)
 
     def _apply_schedule(self, pipe, schedule: AdapterSchedule) -> tuple[float, float]:
         """Schedulers for this request: the checkpoint's own, or fresh ones with the adapter's shifts."""

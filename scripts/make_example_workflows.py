@@ -17,7 +17,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from comfy_h3_nodes.nodes import DEFAULT_MODEL_PATH  # noqa: E402
+from comfy_h3_nodes.nodes.loaders import DEFAULT_MODEL_PATH  # noqa: E402
 from comfy_h3_nodes.tools.runner import _mappings, input_specs, is_widget  # noqa: E402
 
 OUT = ROOT / "example_workflows"
@@ -95,7 +95,7 @@ def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0
     return [
         (1, "H3LoadEncoders", (0, 0), [DEFAULT_MODEL_PATH, "bfloat16", "sdpa"], {}),
         (2, "H3RemoteDiT", (0, 300),
-         ["local", "h3_dit", "comfy_h3", DEFAULT_MODEL_PATH, partition, "bfloat16", "sdpa", "auto"], {}),
+         ["local", "h3_dit", "comfy_h3", DEFAULT_MODEL_PATH, partition, "bfloat16", "sdpa", "auto", "off"], {}),
         (3, "H3TextEncode", (400, 0), [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),
         (5, "H3RemoteDenoise", (800, 0), [42, "fixed", steps, 2],
          {"dit": dit, "conditioning": (3, 0), **(denoise_conns or {})}),

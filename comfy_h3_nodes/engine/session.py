@@ -124,14 +124,14 @@ def refresh_b_models(ex) -> list[str]:
 
 def dit(address: str, name: str, namespace: str, model_path: str, partition: str = "transformer",
         dtype: str = "bfloat16", attention_backend: str = "sdpa", timeouts=None, threads: int | None = None,
-        precision: str = "auto", actors=None):
+        precision: str = "auto", actors=None, parallel: str = "off"):
     """An executor (A in this process) bound to the named B actor; started, topology and health checked, B's
     settings reconciled with these (see ``H3Executor.reconcile_b_config``) and B's model list refreshed.
     ``actors``: the :class:`~.executor.ActorClasses` to place (the caller's composition root decides them)."""
     from .executor import H3Executor  # noqa: PLC0415 - Ray loads when a node first runs, not at import
 
     ensure_cluster(address)
-    key = (address, name, namespace, str(model_path), partition, dtype, attention_backend, precision)
+    key = (address, name, namespace, str(model_path), partition, dtype, attention_backend, precision, parallel)
     with _lock:
         ex = _executors.get(key)
         if ex is not None and getattr(ex, "_cluster_started", None) != CLUSTER.started:
@@ -148,7 +148,8 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
                 return ex
         ex = H3Executor(None, BConfig(str(model_path), partition=partition, dtype=dtype,
                                       attention_backend=attention_backend, precision=precision, name=name,
-                                      namespace=namespace, threads=threads), timeouts=timeouts, actors=actors)
+                                      namespace=namespace, threads=threads), timeouts=timeouts, actors=actors,
+                        parallel=parallel)
         ex.start()
         ex._cluster_started = CLUSTER.started
         _executors[key] = ex

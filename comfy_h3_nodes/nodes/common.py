@@ -107,7 +107,9 @@ def b_host(executor) -> str:
 
 
 def _summary(records: list[StageRecord], compute_stage: str) -> dict:
-    by = {r.stage: r for r in records}
+    by = {}
+    for r in records:  # the first of each stage: a DiT group's own denoise record is rank 0's
+        by.setdefault(r.stage, r)
     out = {"compute_s": sum(r.compute_s for r in records if r.stage == compute_stage),
            "machine": by[compute_stage].machine if compute_stage in by else "A", "a_to_b": None, "b_to_a": None}
     for stage in ("a_to_b", "b_to_a"):

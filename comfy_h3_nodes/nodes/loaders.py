@@ -7,7 +7,7 @@ import time
 
 from ..engine import session
 from ..engine.contract import request as rq
-from ..engine.contract.configs import A_COMPONENTS, DTYPES, PARTITIONS, PRECISIONS, TINY
+from ..engine.contract.configs import A_COMPONENTS, DTYPES, PARALLEL, PARTITIONS, PRECISIONS, TINY
 from ..engine.contract.errors import ModelFolderError
 from ..engine.contract.timing import StageRecord
 from ..engine.model import catalog
@@ -16,6 +16,9 @@ from ..engine.model.folders import check_model_dir
 from ..host import host
 from .common import CATEGORY, local_record, report
 from .values import DiT, dit_parts
+
+#: what the templates name: the released model's usual place
+DEFAULT_MODEL_PATH = "/models/MiniMax-H3"
 
 
 class H3LoadEncoders:
@@ -98,6 +101,11 @@ class H3RemoteDiT:
             "precision": (list(PRECISIONS), {"default": "auto", "tooltip": (
                 "how B stores the transformer: auto (dtype; a GGUF file as stored), bf16, fp8 (fp8 storage, bf16 "
                 "compute: both partitions fit a Spark) or gguf. B checks its memory plan before loading.")}),
+        }, "optional": {
+            "parallel": (list(PARALLEL), {"default": "off", "tooltip": (
+                "machines that denoise one request together (sequence parallel): off = one DiT worker; A+B = a DiT "
+                "rank on A (its own process, when A's memory plan has room) with one B; all = A and every B of the "
+                "pool; auto = A joins when that finishes the queue sooner. The readout names the ranks.")}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     @classmethod
@@ -115,7 +123,7 @@ class H3RemoteDiT:
         return True
 
     def connect(self, cluster_address, actor_name, namespace, model_path, partition, dtype, attention_backend,
-                precision="auto", unique_id=None):
+                precision="auto", parallel="off", unique_id=None):
         from .. import placement  # noqa: PLC0415 - Ray and the B side load when the node runs, not at ComfyUI's load
 
         t0, w0 = time.perf_counter(), time.time()
@@ -123,7 +131,7 @@ class H3RemoteDiT:
         rq.check_actor_name(actor_name)
         session.A_MODEL_ROOTS[:] = host().model_folders()
         ex = session.dit(address, actor_name.strip(), namespace.strip(), model_path.strip(), partition,
-                         dtype, attention_backend, precision=precision, actors=placement.ACTORS)
+                         dtype, attention_backend, precision=precision, actors=placement.ACTORS, parallel=parallel)
         note, extra = connection_readout(ex)
         b = ex.last_health["B"]
         rec = StageRecord("", "connect", "B", b.get("hostname") or b["node_ip"], w0, time.time(),
@@ -146,13 +154,18 @@ def connection_readout(ex) -> tuple[str, dict]:
         note += f" · B reconfigured: {ex.last_reconfigure}"
     if plan.get("summary"):
         note += f" · {plan['summary']}"
+    if ex.bclient.parallel != "off":
+        group = health.get("group")
+        ranks = " + ".join(f"{r['machine']} {r['node']}" for r in group["ranks"]) if group else "formed at the denoise"
+        note += f" · parallel {ex.bclient.parallel}: {ranks}"
     extra = {"a_node": ex.topology.a.ip, "b_node": b["node_ip"], "b_device": b["device"],
              # what B holds now; each denoise readout says which partition that request ran on
              "partition": " + ".join(plan.get("resident_partitions") or [b["partition"]]),
              "resident": b.get("resident"), "b_models": session.b_model_choices(),
              "reconfigured": ex.last_reconfigure or None, "precision": b.get("precision"),
              "workers": [{"name": w["name"], "node": w["node"]} for w in workers],
-             "memory_plan": plan.get("summary"), "clock_b_minus_a_s": health["clock"]["b_minus_a_s"]}
+             "memory_plan": plan.get("summary"), "clock_b_minus_a_s": health["clock"]["b_minus_a_s"],
+             "parallel": ex.bclient.parallel, "group": health.get("group")}
     return note, extra
 
 

@@ -31,6 +31,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 PRECISIONS = ("auto", "bf16", "fp8", "gguf")
 #: where a request's video is decoded: auto (split with B when it pays), A alone, or split whenever B can
 DECODE_ON = ("auto", "A", "A+B")
+#: which machines denoise one request together: one worker, A's rank with one B, A's rank with every B, or the
+#: fastest choice the memory plans and the queue allow
+PARALLEL = ("off", "A+B", "all", "auto")
+#: how a DiT group splits attention (diffusers' context parallelism)
+PARALLEL_METHODS = ("ulysses", "ring")
 
 
 @dataclass

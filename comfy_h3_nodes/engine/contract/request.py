@@ -314,7 +314,7 @@ class DenoiseParams:
     seed: int = 0
     adapters: tuple = ()  # ((path on B, weight), ...)
 
-    def call(self, request_id: str, conditioning_id: str):
+    def call(self, request_id: str, conditioning_id: str) -> DenoiseCall:
         return DenoiseCall(request_id, conditioning_id, int(self.seed), int(self.steps),
                            tuple(AdapterSpec(p, float(w)) for p, w in self.adapters))
 

@@ -103,10 +103,18 @@ class TimingLog:
         return buf.getvalue()
 
 
+def is_extra_rank(record: StageRecord) -> bool:
+    """A denoise record of a DiT group's rank other than 0 (the request's own denoise is rank 0's)."""
+    return record.stage == "denoise" and int((record.info or {}).get("rank") or 0) > 0
+
+
 def summarize(records: Iterable[StageRecord]) -> dict[str, float]:
-    """Seconds per stage for one request: compute for encode/denoise/decode, receive for the hand-offs."""
+    """Seconds per stage for one request: compute for encode/denoise/decode, receive for the hand-offs (a DiT
+    group's denoise counts once: rank 0's)."""
     out: dict[str, float] = {}
     for r in records:
+        if is_extra_rank(r):
+            continue
         if r.stage in ("a_to_b", "b_to_a"):
             out[r.stage] = out.get(r.stage, 0.0) + r.receive_s
         else:

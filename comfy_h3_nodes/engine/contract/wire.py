@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .configs import WORKFLOWS
+from .configs import PARALLEL_METHODS, WORKFLOWS
 
 #: 2: the denoise parameters (seed, steps, adapters) left the encoded payload for :class:`DenoiseCall`
 SCHEMA_VERSION = 2
@@ -264,6 +264,28 @@ class EncodedRequest:
 
 
 @dataclass(frozen=True)
+class ParallelCall:
+    """With a denoise call to one rank of a DiT group: the group (as its ranks joined it), this rank's place in it
+    and how attention is split. Every rank gets the same payload, seed and steps."""
+
+    group_id: str
+    rank: int
+    world: int
+    method: str = "ulysses"
+
+    def validate(self) -> "ParallelCall":
+        if not isinstance(self.group_id, str) or not self.group_id:
+            raise WireError(f"parallel.group_id is {self.group_id!r}, expected a non-empty string.")
+        if isinstance(self.world, bool) or not isinstance(self.world, int) or self.world < 2:
+            raise WireError(f"parallel.world is {self.world!r}, expected a group of at least 2 ranks.")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 0 <= self.rank < self.world:
+            raise WireError(f"parallel.rank is {self.rank!r}, expected 0..{self.world - 1}.")
+        if self.method not in PARALLEL_METHODS:
+            raise WireError(f"parallel.method is {self.method!r}, expected one of {PARALLEL_METHODS}.")
+        return self
+
+
+@dataclass(frozen=True)
 class DenoiseCall:
     """A->B with the denoise call: one run of an encoded request. ``request_id`` names this run (its records, its
     latents); ``conditioning_id`` the :class:`EncodedRequest` it denoises (the first run of an encode shares its id,
@@ -274,6 +296,7 @@ class DenoiseCall:
     seed: int
     num_inference_steps: int
     adapters: tuple[AdapterSpec, ...] = ()
+    parallel: ParallelCall | None = None  # one rank of a DiT group; None: this worker alone
     schema_version: int = SCHEMA_VERSION
 
     def validate(self, payload: "EncodedRequest | None" = None) -> "DenoiseCall":
@@ -293,6 +316,10 @@ class DenoiseCall:
             if isinstance(a.weight, bool) or not isinstance(a.weight, (int, float)) or not np.isfinite(a.weight) \
                     or abs(a.weight) > 10:
                 raise WireError(f"adapters[{i}].weight is {a.weight!r}, expected a finite number in -10..10.")
+        if self.parallel is not None:
+            if not isinstance(self.parallel, ParallelCall):
+                raise WireError(f"parallel is a {type(self.parallel).__name__}, expected a ParallelCall.")
+            self.parallel.validate()
         if payload is not None and payload.request_id != self.conditioning_id:
             raise WireError(f"the denoise call of request {self.request_id} is for the conditioning "
                             f"{self.conditioning_id}, but the payload is {payload.request_id}'s.")

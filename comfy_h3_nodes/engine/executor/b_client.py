@@ -25,12 +25,13 @@ import ray
 
 from ...cluster import ray_cluster as cl
 from ..contract import wire
-from ..contract.configs import BConfig, Timeouts
+from ..contract.configs import PARALLEL, BConfig, Timeouts
 from ..contract.errors import H3Cancelled, H3Error, H3Timeout
 from ..contract.timing import StageRecord, StepRecord
 from ..model import catalog
 from ..model.backends import BACKENDS
 from . import pool as pl
+from .group import Groups
 from .failures import NODE_SETTLE_S, WORKER_LOST, WorkerLost, first_line, node_lost_error, remote_error
 from .handoff import unwrap_ray_error
 
@@ -58,8 +59,12 @@ async def await_ref(ref, timeout: float):
 class BClient:
     """The DiT workers a ``BConfig.name`` spec matches, seen from one caller."""
 
-    def __init__(self, config: BConfig, timeouts: Timeouts, start_dit: Callable | None = None):
-        self.config, self.timeouts, self.start_dit = config, timeouts, start_dit
+    def __init__(self, config: BConfig, timeouts: Timeouts, start_dit: Callable | None = None,
+                 parallel: str = "off"):
+        if parallel not in PARALLEL:
+            raise ValueError(f"parallel is {parallel!r}; expected one of {PARALLEL}.")
+        self.config, self.timeouts, self.start_dit, self.parallel = config, timeouts, start_dit, parallel
+        self.groups: Groups | None = None  # parallel denoise: A's rank and the DiT groups (set by the executor)
         self.pool = pl.DiTPool(config.name, config.namespace, status_timeout=min(timeouts.health, 5.0))
         self.primary = None  # the worker health checks, pickers and reconfiguration talk to first
         self.worker_of: OrderedDict[str, pl.Worker] = OrderedDict()  # request -> the worker that denoises it
@@ -151,16 +156,21 @@ class BClient:
         rid = call.request_id
         if rid in self.cancelled:
             raise H3Cancelled(f"request {rid} was cancelled before B started it.")
+        why = ""
+        if self.parallel != "off" and self.groups is not None:
+            ran, why = await self.groups.run(self, self.parallel, payload_ref, call, workflow, put, on_step)
+            if ran is not None:
+                return Denoised(rid, workflow, ran[0], ran[1], self.worker_of.get(rid))
         lost: list[tuple] = []  # (worker, exception, seconds lost)
         t0 = time.monotonic()
         while True:
             if lost and rid in self.cancelled:
                 raise H3Cancelled(f"request {rid} was cancelled after its DiT worker was lost; not re-run.")
             w = await self._pick(workflow, call, lost)
-            rerun = ""
+            rerun = why  # parallel auto's reason for one worker, when it chose one
             if lost:
                 old, exc, spent = lost[-1]
-                rerun = (f"re-run on worker {w.name} ({w.node_ip}) after worker {old.name} ({old.node_ip}) was lost "
+                rerun = (f"{why + '; ' if why else ''}re-run on worker {w.name} ({w.node_ip}) after worker {old.name} ({old.node_ip}) was lost "
                          f"{spent:.1f} s into the request ({type(exc).__name__})")
             try:
                 return await self._denoise_on(w, payload_ref, call, workflow, put, on_step, rerun)
@@ -217,7 +227,7 @@ class BClient:
         fut = asyncio.wrap_future(recs_ref.future())
         seen = 0
         try:
-            seen = await self._follow(b, rid, fut, recs_ref, on_step)
+            seen = await self.follow(b, rid, fut, recs_ref, on_step)
             records = list(fut.result())
             # the A->B record is B's (receiver's clock); the put into A's object store happened on A
             records[0] = dataclasses.replace(records[0], serialize_s=put.serialize_s if put else 0.0)
@@ -225,7 +235,7 @@ class BClient:
             den = records[1]
             records[1] = dataclasses.replace(
                 den, note="; ".join(x for x in (den.note, rerun) if x),
-                info={**(den.info or {}), "worker": w.name, **({"rerun": rerun} if rerun else {})})
+                info={**(den.info or {}), "worker": w.name, **({"rerun": rerun} if "re-run" in rerun else {})})
         except ray.exceptions.RayError as exc:
             err = remote_error("B", "denoise", rid, exc)
             if rid in self.cancelled:
@@ -247,7 +257,7 @@ class BClient:
                 on_step(StepRecord(i, len(records[1].steps), sec, rid))
         return Denoised(rid, workflow, latents_ref, records, w)
 
-    async def _follow(self, b, rid: str, fut, recs_ref, on_step) -> int:
+    async def follow(self, b, rid: str, fut, recs_ref, on_step) -> int:
         """Until B's denoise ends: B's step events to ``on_step``, a cancel passed on once, the stall bound kept.
         Returns how many steps were reported."""
         seen, last_progress, cancel_sent = 0, time.monotonic(), False
@@ -296,6 +306,28 @@ class BClient:
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.25)
+
+    # ------------------------------------------------------------------------------------------------ groups
+    async def pick_for_group(self, workflow: str, call: wire.DenoiseCall) -> pl.Worker:
+        """The B worker of an ``A+B`` group: the one the pool would give the request (its settings reconciled)."""
+        return await self._pick(workflow, call, [])
+
+    async def all_workers(self, workflow: str) -> list[pl.Worker]:
+        """Every live worker of the pool, settings reconciled (an ``all`` group)."""
+        workers = await asyncio.to_thread(self.pool.refresh, min(self.timeouts.health, 5.0))
+        if not workers:
+            raise H3Error(self.pool.none_left())
+        for w in workers:
+            if (w.name, w.status.get("pid")) not in self.reconciled:
+                await asyncio.to_thread(self._reconcile_worker, w)
+        return sorted(workers, key=lambda w: w.name)
+
+    async def denoise_on_rank(self, rank, payload_ref, call: wire.DenoiseCall, workflow: str, put, on_step,
+                              note: str) -> tuple:
+        """A request re-run on the one rank a group has left (A's rank, or one B worker)."""
+        w = pl.Worker(rank.name, rank.handle, {"node_ip": rank.node_ip, "pid": rank.pid})
+        den = await self._denoise_on(w, payload_ref, call, workflow, put, on_step, note)
+        return den.latents_ref, den.records
 
     # ------------------------------------------------------------------------------------------------ the rest
     def handle_of(self, request_id: str):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable
 
 import ray
@@ -29,7 +29,9 @@ from ..contract.timing import StageRecord, TimingLog
 from . import health as hl
 from .a_client import ActorA, Conditioning, LocalA, verify_driver_on_a, verify_placement
 from .b_client import BClient
+from ..model.backends import BACKENDS
 from .decode_plan import DecodePlan, DecodePlanner
+from .group import A_RANK_NAME, Groups
 from .pipeline import GenerationResult, Job, Pipeline, Slots
 
 
@@ -71,12 +73,15 @@ class _LoopThread:
 class H3Executor:
     def __init__(self, a, b: BConfig, *, max_in_flight: int = 2, timeouts: Timeouts | None = None,
                  env: dict | None = None, timing_log: TimingLog | None = None, a_name: str | None = None,
-                 decode_on: str = "auto", min_split_s: float = 1.0, actors: ActorClasses | None = None):
+                 decode_on: str = "auto", min_split_s: float = 1.0, actors: ActorClasses | None = None,
+                 parallel: str = "off", a_rank: dict | None = None):
         """``a``: a :class:`SideConfig` (A's actor on the A node), a resident A side (A in this process, as in
         ComfyUI, which must then be a driver on the A node), or None (A is given per decode: ComfyUI's nodes).
         ``decode_on`` is the default of every decode (``auto``: split when B is free and A alone would take
         ``min_split_s`` or more; ``A``; ``A+B``: split whenever B can). ``actors``: what to place (default: what
-        the composition root, :mod:`comfy_h3_nodes.placement`, registered)."""
+        the composition root, :mod:`comfy_h3_nodes.placement`, registered). ``parallel``: which machines denoise a
+        request together (``off``, ``A+B``, ``all``, ``auto``; :mod:`.group`); ``a_rank``: settings of A's DiT rank
+        that differ from B's (``precision``, ``memory_limit_bytes``)."""
         self.a_config, self.b_config = (a if isinstance(a, SideConfig) else None), b
         self.actors = actors
         self.timeouts = timeouts or Timeouts()
@@ -88,7 +93,8 @@ class H3Executor:
         self.topology: cl.Topology | None = None
         self.planner = DecodePlanner(decode_on, min_split_s)
         self._loop = _LoopThread()
-        self.bclient = BClient(b, self.timeouts)
+        self.bclient = BClient(b, self.timeouts, parallel=parallel)
+        self.a_rank_settings = dict(a_rank or {})
         self.pipeline = Pipeline(self.bclient, self.planner, self._loop.submit, self.timings, max_in_flight,
                                  lambda: self.last_health)
 
@@ -109,6 +115,9 @@ class H3Executor:
         else:  # A is given per call (ComfyUI's nodes): in this process, which must be on the A node
             verify_driver_on_a(self.topology)
         self.bclient.start_dit = lambda cfg: actors.dit(cfg, env=self.env)
+        self.bclient.groups = Groups(lambda: self._start_a_rank(actors), self.timeouts,
+                                     BACKENDS.get(self.b_config.attention_backend, ("native",))[0],
+                                     reconcile=self.bclient.reconcile)
         self.bclient.start()
         verify_placement("B", self.bclient.primary, self.topology.b.ip, {n.ip for n in self.topology.b_nodes()},
                          self.timeouts.start)
@@ -116,10 +125,19 @@ class H3Executor:
         self.bclient.reconcile_all()
         return self
 
+    def _start_a_rank(self, actors: ActorClasses):
+        """A's DiT rank for parallel denoise: B's settings (same model, partition, precision), on A's node, in its
+        own process, without a video VAE (A decodes with its own)."""
+        cfg = {**asdict(replace(self.b_config, name=A_RANK_NAME, max_restarts=0, decoder="off")),
+               **self.a_rank_settings}
+        return actors.dit(cfg, node_id=self.topology.a.node_id, role="A", env=self.env)
+
     # ------------------------------------------------------------------------------------------------ health
     def check_health(self, timeout: float | None = None) -> dict:
         """Both machines answer within the health bound, and their versions agree (wire schema included)."""
         self.last_health = hl.check(self.a, self.bclient, timeout or self.timeouts.health, self.topology)
+        groups = self.bclient.groups
+        self.last_health["group"] = groups.describe() if groups is not None else None
         return self.last_health
 
     def b_config_changes(self, b: dict) -> dict:
@@ -233,6 +251,12 @@ class H3Executor:
                 ray.kill(self.b)
         if isinstance(self.a, ActorA):
             self.a = None
+        groups = self.bclient.groups
+        if groups is not None and groups.a_rank is not None and ray.is_initialized():
+            try:
+                ray.kill(groups.a_rank.handle, no_restart=True)  # A's DiT rank is this caller's own
+            except Exception:  # noqa: BLE001 - gone already
+                pass
         if kill_b:
             self.bclient.primary = None
         self.pipeline.closed = True

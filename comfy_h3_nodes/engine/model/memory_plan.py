@@ -299,7 +299,7 @@ class MemoryPlan:
 
 def plan_b(sources: dict[str, formats.TransformerSource], partitions: tuple[str, ...], precision: str = "auto",
            dtype: str = "bfloat16", device: str = "cpu", canvas=DEFAULT_CANVAS, limit_bytes: int | None = None,
-           with_options: bool = True) -> MemoryPlan:
+           with_options: bool = True, machine: str = "B") -> MemoryPlan:
     """B's plan: ``partitions`` resident at ``precision`` from ``sources`` (partition -> source), plus working memory
     for ``canvas``. ``options`` lists the other precisions/residencies of the same files that would fit."""
     avail, where = available_memory(device, limit_bytes)
@@ -308,7 +308,7 @@ def plan_b(sources: dict[str, formats.TransformerSource], partitions: tuple[str,
     working = working_bytes_b(first.config(), resolve_precision(precision, first), dtype, canvas, device=device)
     residency = "both partitions" if len(partitions) > 1 else f"{partitions[0]} only, swapping"
     label = f"{comps[0].precision}, {residency}"
-    plan = MemoryPlan("B", label, comps, working, avail, where, int(avail * margin_fraction()), tuple(canvas))
+    plan = MemoryPlan(machine, label, comps, working, avail, where, int(avail * margin_fraction()), tuple(canvas))
     if with_options and not plan.fits:
         plan.options = fitting_options_b(sources, dtype, device, canvas, avail, plan.margin_bytes, exclude=label)
     return plan
@@ -316,15 +316,15 @@ def plan_b(sources: dict[str, formats.TransformerSource], partitions: tuple[str,
 
 def choose_b_plan(sources: dict[str, formats.TransformerSource], partition: str, precision: str = "auto",
                   residency: str = "auto", dtype: str = "bfloat16", device: str = "cpu", canvas=DEFAULT_CANVAS,
-                  limit_bytes: int | None = None, allow_swap: bool = True) -> MemoryPlan:
+                  limit_bytes: int | None = None, allow_swap: bool = True, machine: str = "B") -> MemoryPlan:
     """The plan B loads by (unchecked): both partitions when ``residency`` is ``both``, or ``auto`` and they fit;
     else ``partition`` alone (requests for the other swap it). B's loader and ``remote_worker preflight`` share it."""
     other = next((p for p in PARTITIONS if p != partition and p in sources), None)
     if residency != "one" and other is not None and allow_swap:
-        both = plan_b(sources, (partition, other), precision, dtype, device, canvas, limit_bytes)
+        both = plan_b(sources, (partition, other), precision, dtype, device, canvas, limit_bytes, machine=machine)
         if both.fits or residency == "both":
             return both
-    return plan_b(sources, (partition,), precision, dtype, device, canvas, limit_bytes)
+    return plan_b(sources, (partition,), precision, dtype, device, canvas, limit_bytes, machine=machine)
 
 
 def fitting_options_b(sources, dtype, device, canvas, avail, margin, exclude="") -> list[tuple[str, int]]:

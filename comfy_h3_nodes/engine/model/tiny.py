@@ -151,26 +151,23 @@ def _seeded(seed: int, offset: int):
     return _Ctx()
 
 
-def _make_transformer():
-    # One head in one block (plus the refiner): the shipped templates (832x480x124, 15,100 tokens, 49 forwards) then
-    # run to an MP4 in about a minute on two CPU cores; attention over the full sequence is most of a step.
-    return MiniMaxH3Transformer3DModel(
-        num_attention_heads=TINY_SIZES["transformer_num_heads"],
-        attention_head_dim=16,
-        hidden_size=24,
-        num_layers=TINY_SIZES["transformer_num_layers"],
-        num_refiner_layers=1,
-        ffn_dim=48,
-        in_channels=24,
-        audio_in_channels=32,
-        patch_size=(1, 2, 2),
-        text_dim=32,
-        freq_dim=16,
-        time_embed_hidden_dim=32,
-        time_embed_dim=16,
-        rope_freq_dim=2,  # 2 * 3 * 2 = 12 of the 16 head channels are rotated
-        rope_theta=10000.0,
-    ).eval()
+#: the tiny transformer. One head in one block (plus the refiner): the shipped templates (832x480x124, 15,100 tokens,
+#: 49 forwards) then run to an MP4 in about a minute on two CPU cores; attention over the full sequence is most of a
+#: step. Parallel denoise needs more heads (``transformer=`` overrides: :data:`PARALLEL_TRANSFORMER`).
+TINY_TRANSFORMER = dict(
+    num_attention_heads=TINY_SIZES["transformer_num_heads"], attention_head_dim=16, hidden_size=24,
+    num_layers=TINY_SIZES["transformer_num_layers"], num_refiner_layers=1, ffn_dim=48, in_channels=24,
+    audio_in_channels=32, patch_size=(1, 2, 2), text_dim=32, freq_dim=16, time_embed_hidden_dim=32,
+    time_embed_dim=16,
+    rope_freq_dim=2,  # 2 * 3 * 2 = 12 of the 16 head channels are rotated
+    rope_theta=10000.0,
+)
+#: six heads split over 2 or 3 ranks (Ulysses); still tiny
+PARALLEL_TRANSFORMER = dict(num_attention_heads=6, attention_head_dim=16, hidden_size=48, num_layers=2, ffn_dim=96)
+
+
+def _make_transformer(overrides: dict | None = None):
+    return MiniMaxH3Transformer3DModel(**{**TINY_TRANSFORMER, **(overrides or {})}).eval()
 
 
 def _latent_stats(generator, channels: int) -> tuple[list[float], list[float]]:
@@ -313,11 +310,12 @@ def _write_index(out_dir: Path, components: dict) -> None:
     pipe.save_config(save_directory=str(out_dir))
 
 
-def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True) -> Path:
+def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True, transformer: dict | None = None) -> Path:
     """Write the tiny random checkpoint into `out_dir` (created; existing component folders are replaced).
 
     Returns the checkpoint folder as a `Path`. Deterministic: the same `seed` writes byte-identical files.
-    ``formats`` also writes ``single_file/`` and ``gguf/`` (the same transformers in the other formats).
+    ``formats`` also writes ``single_file/`` and ``gguf/`` (the same transformers in the other formats);
+    ``transformer`` overrides the transformers' config (e.g. :data:`PARALLEL_TRANSFORMER`).
     """
     ensure_processor_compat()
     out_dir = Path(out_dir)
@@ -326,11 +324,12 @@ def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True) -> Path:
         shutil.rmtree(out_dir / name, ignore_errors=True)
 
     with torch.no_grad():
+        overrides = transformer
         with _seeded(seed, 1):
-            transformer = _make_transformer()
+            transformer = _make_transformer(overrides)
         with _seeded(seed, 2):
             # The `ref2va` partition: same architecture, its own weights, so a test can tell which one ran.
-            transformer_ref = _make_transformer()
+            transformer_ref = _make_transformer(overrides)
         with _seeded(seed, 3):
             vae = _make_vae(seed)
         with _seeded(seed, 4):
