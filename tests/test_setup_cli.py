@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from comfy_h3_nodes.engine.model import catalog
 from comfy_h3_nodes.cluster import ray_node as rn
 from remote_worker import cli, model_roots
 
@@ -194,7 +195,7 @@ def test_tiny_random_on_b_is_built_there_and_passes_preflight(tmp_path, capsys, 
     build) and the model folder check passes; the unit and the printed node values keep the name tiny-random."""
     cache = tmp_path / "cache"
     cache.mkdir()
-    os.symlink(tiny_ckpt, cache / "tiny-h3-seed0")
+    os.symlink(tiny_ckpt, cache / f"tiny-h3-v{catalog.TINY_VERSION}-seed0")
     monkeypatch.setenv("H3_CACHE", str(cache))
     monkeypatch.delenv(model_roots.ENV, raising=False)
     rc, out = preflight(capsys, "--model-path", "tiny-random")

@@ -1,4 +1,5 @@
-// comfy-h3 web extension: geometry of one request's waterfall (a lane for A, a lane for B).
+// comfy-h3 web extension: geometry of one request's waterfall (a lane for A, a lane for B, and one lane per rank of
+// a DiT group when a request's denoise ran on several machines at once).
 //
 // Pure ES module: no ComfyUI import, no DOM access, no side effects at load time (ComfyUI also loads it as an
 // extension script on its own). h3_dom.js turns the geometry into SVG; tests/web/ checks the numbers.
@@ -35,8 +36,16 @@ export function niceStep(span, target = 6) {
   return 10 * pow;
 }
 
-function laneOf(rec) {
+/** The lane of a record: its machine, or for a DiT group's denoise its rank ("A r0", "B r1", ...). */
+export function laneOf(rec) {
+  if (rec.stage === "denoise" && rec.rank !== null && rec.rank !== undefined) return `${rec.machine} r${rec.rank}`;
   return LANES.includes(rec.machine) ? rec.machine : defaultMachine(rec.stage);
+}
+
+function laneIds(records) {
+  const ranks = [...new Set(records.map(laneOf).filter((id) => !LANES.includes(id)))];
+  ranks.sort((a, b) => Number(a.split(" r")[1]) - Number(b.split(" r")[1]));
+  return [...LANES, ...ranks];
 }
 
 function mergeIntervals(list) {
@@ -69,9 +78,10 @@ export function waterfall(req, layout = {}) {
   const records = (req && Array.isArray(req.records) ? req.records : []).map(normalizeRecord).filter(Boolean);
   const timed = records.filter((r) => r.start !== null && r.end !== null && r.end >= r.start);
   const untimed = records.filter((r) => !timed.includes(r));
-  const lanes = LANES.map((id, i) => ({ id, y: L.padTop + i * (L.laneHeight + L.laneGap), h: L.laneHeight }));
-  const height = L.padTop + LANES.length * L.laneHeight + (LANES.length - 1) * L.laneGap + L.axisHeight;
-  const x0 = L.labelWidth;
+  const ids = laneIds(timed);
+  const lanes = ids.map((id, i) => ({ id, y: L.padTop + i * (L.laneHeight + L.laneGap), h: L.laneHeight }));
+  const height = L.padTop + ids.length * L.laneHeight + (ids.length - 1) * L.laneGap + L.axisHeight;
+  const x0 = ids.length > LANES.length ? Math.max(L.labelWidth, 36) : L.labelWidth; // room for "B r1"
   const x1 = Math.max(x0 + 1, L.width - L.padRight);
   const plot = { x0, x1, w: x1 - x0 };
   const axisY = height - L.axisHeight + 2;
@@ -157,6 +167,7 @@ export function waterfall(req, layout = {}) {
     if (t1 > cursor) holes.push([cursor, t1]);
     for (const [a, b] of holes) {
       if (b - a < minGap) continue;
+      if (!LANES.includes(lane.id)) continue; // a rank's lane holds only its denoise
       geom.gaps.push({ lane: lane.id, x: sx(a), y: lane.y, w: sx(b) - sx(a), h: lane.h, start: a, end: b, dur_s: b - a,
                        title: `${lane.id} waited ${fmtSeconds(b - a)} (for ${WAITING_FOR[lane.id]})` });
     }

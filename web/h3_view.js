@@ -192,7 +192,23 @@ export function normalizeRecord(r) {
     load_s: num(r.load_s) ?? 0,
     note: r.note === null || r.note === undefined ? "" : String(r.note),
     receive_s: fetch_s + materialize_s,
+    // a DiT group's denoise: every rank sends its own record (rank 0's is the request's)
+    rank: Number.isInteger(r.info?.rank) && num(r.info?.world) >= 2 ? r.info.rank : null,
+    world: Number.isInteger(r.info?.rank) && num(r.info?.world) >= 2 ? r.info.world : null,
+    comm_s: num(r.info?.comm_s),
   };
+}
+
+/** The parallel-denoise line of a readout: each rank's machine and step time, the communication share, the
+ * method (`summary.ran.ranks` of a DiT group's denoise), or null for a one-worker denoise. */
+export function ranksLine(summary) {
+  const ranks = Array.isArray(summary?.ran?.ranks) ? summary.ran.ranks : null;
+  if (!ranks || ranks.length < 2) return null;
+  const shares = ranks.map((r) => num(r.comm_share)).filter((x) => x !== null);
+  const comm = shares.length ? shares.reduce((a, b) => a + b, 0) / shares.length : null;
+  const parts = ranks.map((r) => `${r.machine === "A" || r.machine === "B" ? r.machine : "?"} ${fmtSeconds(r.step_s)}/step`);
+  return `${ranks.length} ranks (${summary.ran.method ?? "ulysses"}): ${parts.join(", ")}` +
+    (comm !== null ? ` · comm ${fmtPercent(comm)}` : "");
 }
 
 function shiftClock(t, offset) {
@@ -555,6 +571,7 @@ export function requestSummary(req) {
     out.total_s = Math.max(...timed.map((r) => r.end)) - Math.min(...timed.map((r) => r.start));
   }
   for (const r of req.records) {
+    if (r.rank) continue; // a DiT group's other ranks: the request's denoise is rank 0's, counted once
     const s = TRANSFER_STAGES.includes(r.stage) ? r.receive_s : r.compute_s || recordSeconds(r) || 0;
     out.stages[r.stage] = (out.stages[r.stage] ?? 0) + s;
     if (TRANSFER_STAGES.includes(r.stage)) {
@@ -694,6 +711,11 @@ export function readoutModel(store, nodeId, { warnShare = DEFAULT_WARN_SHARE, no
   if (state === "cached") titles.push("(cached: figures of the run that produced this output)");
   model.lines.push(line0);
   if (line1.length) model.lines.push(line1);
+  const ranks = ranksLine(summary);
+  if (ranks) {
+    model.lines.push([{ text: ranks, cls: "h3-detail h3-ranks", key: "ranks" }]);
+    titles.push(ranks);
+  }
   if (typeof summary?.schedule === "string" && summary.schedule) {
     // the effective schedule B ran (steps, sigma shifts, LoRA adapters and their switch time)
     model.lines.push([{ text: summary.schedule, cls: "h3-detail h3-schedule", key: "schedule" }]);

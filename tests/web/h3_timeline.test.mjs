@@ -4,6 +4,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { DEFAULT_LAYOUT, niceStep, waterfall } from "../../web/h3_timeline.js";
+import { normalizeRecord, ranksLine, requestSummary } from "../../web/h3_view.js";
 
 const RID = "r1";
 const near = (a, b, eps = 1e-6) => assert.ok(Math.abs(a - b) <= eps, `${a} != ${b} (±${eps})`);
@@ -127,4 +128,30 @@ test("tiny bars keep a visible width; requests without times give an empty chart
   assert.equal(empty.bars.length, 0);
   assert.equal(empty.untimed.length, 1);
   assert.equal(waterfall(null).bars.length, 0);
+});
+
+test("a DiT group's denoise: one lane per rank, the request's denoise counted once", () => {
+  const rec = (stage, machine, start, end, info) => ({ stage, machine, start, end, compute_s: end - start,
+                                                       request_id: "g1", info, steps: [0.1, 0.1] });
+  const req = { request_id: "g1", records: [
+    rec("encode", "A", 0, 0.5), rec("a_to_b", "B", 0.5, 0.6),
+    rec("denoise", "A", 0.6, 1.6, { rank: 0, world: 3, comm_s: 0.05 }),
+    rec("denoise", "B", 0.6, 1.6, { rank: 1, world: 3, comm_s: 0.04 }),
+    rec("denoise", "B", 0.61, 1.6, { rank: 2, world: 3, comm_s: 0.06 }),
+    rec("b_to_a", "A", 1.6, 1.62), rec("decode", "A", 1.62, 2.0)] };
+  const g = waterfall(req);
+  assert.deepEqual(g.lanes.map((l) => l.id), ["A", "B", "A r0", "B r1", "B r2"]);
+  const den = g.bars.filter((b) => b.stage === "denoise");
+  assert.deepEqual(den.map((b) => b.lane), ["A r0", "B r1", "B r2"]);
+  assert.ok(g.plot.x0 >= 36);
+  assert.ok(!g.gaps.some((x) => x.lane.includes(" r")));
+  const s = requestSummary({ ...req, records: req.records.map(normalizeRecord) });
+  assert.ok(Math.abs(s.stages.denoise - 1.0) < 1e-9);
+});
+
+test("the denoise readout of a DiT group names its ranks", () => {
+  const line = ranksLine({ ran: { method: "ulysses", ranks: [
+    { machine: "A", step_s: 0.52, comm_share: 0.07 }, { machine: "B", step_s: 0.51, comm_share: 0.05 }] } });
+  assert.equal(line, "2 ranks (ulysses): A 520 ms/step, B 510 ms/step · comm 6.0 %");
+  assert.equal(ranksLine({ ran: { partition: "transformer" } }), null);
 });

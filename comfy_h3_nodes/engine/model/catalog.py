@@ -23,6 +23,8 @@ from typing import Iterable
 from ..contract.configs import MODEL_INDEX, TINY
 
 TINY_SEED = 0
+#: the tiny model's layout version (a cache built by another layout is never reused: v2 has 2 heads of 8)
+TINY_VERSION = 2
 #: how deep under a model root a checkpoint folder may sit (``root/MiniMax-H3``, ``root/vendor/MiniMax-H3``)
 SEARCH_DEPTH = 2
 
@@ -42,7 +44,7 @@ def tiny_checkpoint_dir(announce=print) -> pathlib.Path:
     a lock into a temporary folder and renames it into place, the others wait for the lock and reuse it.
     """
     root = cache_root()
-    path = root / f"tiny-h3-seed{TINY_SEED}"
+    path = root / f"tiny-h3-v{TINY_VERSION}-seed{TINY_SEED}"
     if (path / MODEL_INDEX).is_file():
         return path
     root.mkdir(parents=True, exist_ok=True)
@@ -67,7 +69,7 @@ def tiny_checkpoint_dir(announce=print) -> pathlib.Path:
 def tiny_lora_path(announce=print) -> pathlib.Path:
     """A tiny random 4-step LoRA for the tiny model (the ``tiny-random`` choice of H3LoRA), built on first use."""
     root = cache_root()
-    path = root / f"tiny-h3-lora-seed{TINY_SEED}.safetensors"
+    path = root / f"tiny-h3-v{TINY_VERSION}-lora-seed{TINY_SEED}.safetensors"
     if path.is_file():
         return path
     root.mkdir(parents=True, exist_ok=True)

@@ -92,7 +92,7 @@ TINY_SIZES = {
     "text_hidden_size": 32,  # prompt_embeds last dim == transformer text_dim
     "text_num_layers": 51,  # MiniMax-H3 reads hidden_states[50]
     "transformer_hidden_size": 24,
-    "transformer_num_heads": 1,  # x 16 channels
+    "transformer_num_heads": 2,  # x 8 channels: two heads, so a DiT group of 2 ranks can split them (Ulysses)
     "transformer_num_layers": 1,
     "video_latent_channels": 24,
     "vae_spatial_compression": 16,
@@ -151,15 +151,15 @@ def _seeded(seed: int, offset: int):
     return _Ctx()
 
 
-#: the tiny transformer. One head in one block (plus the refiner): the shipped templates (832x480x124, 15,100 tokens,
-#: 49 forwards) then run to an MP4 in about a minute on two CPU cores; attention over the full sequence is most of a
-#: step. Parallel denoise needs more heads (``transformer=`` overrides: :data:`PARALLEL_TRANSFORMER`).
+#: the tiny transformer. Two heads of 8 in one block (plus the refiner): the shipped templates (832x480x124, 15,100
+#: tokens, 49 forwards) then run to an MP4 in about a minute on two CPU cores (attention over the full sequence is most
+#: of a step), and ``parallel`` A+B splits the heads over two ranks. More heads: :data:`PARALLEL_TRANSFORMER`.
 TINY_TRANSFORMER = dict(
-    num_attention_heads=TINY_SIZES["transformer_num_heads"], attention_head_dim=16, hidden_size=24,
+    num_attention_heads=TINY_SIZES["transformer_num_heads"], attention_head_dim=8, hidden_size=24,
     num_layers=TINY_SIZES["transformer_num_layers"], num_refiner_layers=1, ffn_dim=48, in_channels=24,
     audio_in_channels=32, patch_size=(1, 2, 2), text_dim=32, freq_dim=16, time_embed_hidden_dim=32,
     time_embed_dim=16,
-    rope_freq_dim=2,  # 2 * 3 * 2 = 12 of the 16 head channels are rotated
+    rope_freq_dim=1,  # 2 * 3 * 1 = 6 of the 8 head channels are rotated
     rope_theta=10000.0,
 )
 #: six heads split over 2 or 3 ranks (Ulysses); still tiny

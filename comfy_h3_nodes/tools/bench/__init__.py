@@ -32,7 +32,7 @@ import os
 import sys
 
 from .. import runner
-from . import batch, decode, handoff, memory, pipeline, pool, step
+from . import batch, decode, handoff, memory, parallel, pipeline, pool, step
 from .common import DEFAULT_SYNTHETIC, cluster, tiny_checkpoint
 
 
@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--frames", default="124,345", help="comma-separated frame counts (17n+5)")
     bt = common(sub.add_parser("batch", help="N prompts in one graph run vs N graph runs (headless runner)"))
     bt.add_argument("--requests", type=int, default=None, help="prompts (default 8; quick 3)")
+    pa = common(sub.add_parser("parallel", help="one request's denoise on 1 rank vs a DiT group of 2 (A + B)"))
+    pa.add_argument("--repeats", type=int, default=None, help="measured rounds (default 3; quick 1)")
+    pa.add_argument("--steps", type=int, default=3, help="sigma points per request (default 3: 2 forwards)")
     po = common(sub.add_parser("pool", help="B-bound requests through a pool of 1, then 2 DiT workers (bench_pool)"))
     po.add_argument("--requests", type=int, default=None, help="requests per run (default 8; quick 3)")
     po.add_argument("--ckpt", default=None)
@@ -101,6 +104,11 @@ def main(argv: list[str]) -> int:
     log = (lambda s: print(s, flush=True))
     result: dict = {}
     verb = args.verb
+    if verb == "parallel":  # its own cluster, ranks at nice 0: .parallel
+        res = parallel.run_parallel(args.repeats or (1 if quick else 3), args.steps, quick, log)
+        if args.json:
+            print(json.dumps(res), flush=True)  # exactly {"ranks": {...}, "speedup": ..., "shape": {...}}
+        return 0
     if verb == "pool":  # its own three-node cluster: .pool
         res = pool.run_pool(args.requests or (3 if quick else 8), ckpt=args.ckpt and tiny_checkpoint(args.ckpt), log=log)
         if args.json:
