@@ -157,8 +157,10 @@ class BClient:
         if rid in self.cancelled:
             raise H3Cancelled(f"request {rid} was cancelled before B started it.")
         why = ""
+        info = (put.info or {}) if put is not None else {}
+        shape = (info["height"], info["width"], info["num_frames"]) if "num_frames" in info else None
         if self.parallel != "off" and self.groups is not None:
-            ran, why = await self.groups.run(self, self.parallel, payload_ref, call, workflow, put, on_step)
+            ran, why = await self.groups.run(self, self.parallel, payload_ref, call, workflow, put, on_step, shape)
             if ran is not None:
                 return Denoised(rid, workflow, ran[0], ran[1], self.worker_of.get(rid))
         lost: list[tuple] = []  # (worker, exception, seconds lost)
@@ -173,7 +175,10 @@ class BClient:
                 rerun = (f"{why + '; ' if why else ''}re-run on worker {w.name} ({w.node_ip}) after worker {old.name} ({old.node_ip}) was lost "
                          f"{spent:.1f} s into the request ({type(exc).__name__})")
             try:
-                return await self._denoise_on(w, payload_ref, call, workflow, put, on_step, rerun)
+                den = await self._denoise_on(w, payload_ref, call, workflow, put, on_step, rerun)
+                if self.groups is not None:  # one rank's step time: what parallel auto compares a group with
+                    self.groups.clock.add(shape, 1, list(den.records[1].steps))
+                return den
             except WorkerLost as gone:
                 lost.append((w, gone.exc, time.monotonic() - t0))
                 log.warning("[%s] DiT worker %s lost mid-request (%s)", rid, w.name, type(gone.exc).__name__)

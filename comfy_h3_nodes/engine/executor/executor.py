@@ -117,7 +117,7 @@ class H3Executor:
         self.bclient.start_dit = lambda cfg: actors.dit(cfg, env=self.env)
         self.bclient.groups = Groups(lambda: self._start_a_rank(actors), self.timeouts,
                                      BACKENDS.get(self.b_config.attention_backend, ("native",))[0],
-                                     reconcile=self.bclient.reconcile)
+                                     reconcile=self.bclient.reconcile, a_work_s=self._a_work_s)
         self.bclient.start()
         verify_placement("B", self.bclient.primary, self.topology.b.ip, {n.ip for n in self.topology.b_nodes()},
                          self.timeouts.start)
@@ -131,6 +131,15 @@ class H3Executor:
         cfg = {**asdict(replace(self.b_config, name=A_RANK_NAME, max_restarts=0, decoder="off")),
                **self.a_rank_settings}
         return actors.dit(cfg, node_id=self.topology.a.node_id, role="A", env=self.env)
+
+    def _a_work_s(self, last: int = 8) -> float | None:
+        """A's measured seconds of work per request (encode + decode), the median of its last requests' records."""
+        per: dict[str, dict] = {}
+        for r in self.timings.records()[-400:]:
+            if r.stage in ("encode", "decode") and r.machine == "A":
+                per.setdefault(r.request_id.split(".")[0], {})[r.stage] = r.compute_s
+        both = sorted(v["encode"] + v["decode"] for v in list(per.values())[-last:] if len(v) == 2)
+        return both[len(both) // 2] if both else None
 
     # ------------------------------------------------------------------------------------------------ health
     def check_health(self, timeout: float | None = None) -> dict:

@@ -31,6 +31,8 @@ from ..contract.timing import StageRecord, StepRecord
 from ..model.parallel import ParallelError, method_for
 from .failures import WORKER_LOST, creation_cause, first_line
 from .handoff import unwrap_ray_error
+from .parallel_plan import StepClock
+from .parallel_plan import choose as plan_parallel
 
 log = logging.getLogger("comfy_h3.group")
 
@@ -89,10 +91,12 @@ def collective_timeout(step_s: float | None, layers: int) -> float:
 class Groups:
     """The DiT groups of one caller: A's rank (started on first use), the current group, forming and running."""
 
-    def __init__(self, start_a_rank, timeouts, backend: str = "native", reconcile=None):
+    def __init__(self, start_a_rank, timeouts, backend: str = "native", reconcile=None, a_work_s=lambda: None):
         """``start_a_rank()`` starts (or finds: one per machine) A's rank; ``reconcile(health, handle)`` brings a
         found one to this caller's settings (model, dtype, attention, precision), as for a B worker."""
         self.start_a_rank, self.timeouts, self.backend, self.reconcile = start_a_rank, timeouts, backend, reconcile
+        self.a_work_s = a_work_s  # A's measured seconds of encode + decode per request (auto's model)
+        self.clock = StepClock()
         self.a_rank: Rank | None = None
         self.a_refused = ""  # why A cannot hold a rank (its memory plan), once known
         self.current: DiTGroup | None = None
@@ -243,17 +247,18 @@ class Groups:
         return self.current.describe() if self.current else None
 
     # ------------------------------------------------------------------------------------------------ a request
-    async def run(self, b, mode: str, payload_ref, call: wire.DenoiseCall, workflow: str, put, on_step):
+    async def run(self, b, mode: str, payload_ref, call: wire.DenoiseCall, workflow: str, put, on_step,
+                  shape: tuple | None = None):
         """One request of ``mode`` (``A+B``, ``all``, ``auto``) through ``b`` (the :class:`~.b_client.BClient`):
         its ranks chosen, the group formed, the request run; a rank lost mid-request makes it run once more on the
         ranks left (the note says so). ``auto`` uses one worker when A cannot hold a rank or this caller's queue
         is better served by pipelining (:meth:`choose`). Returns ``Denoised``, or None for the one-worker path."""
-        ranks, why = await self.choose(b, mode, workflow, call)
+        ranks, why = await self.choose(b, mode, workflow, call, shape)
         if ranks is None:
             return None, why
         t0 = time.monotonic()
         try:
-            return await self._on(b, ranks, payload_ref, call, workflow, put, on_step, why), why
+            return await self._on(b, ranks, payload_ref, call, workflow, put, on_step, why, shape), why
         except RankLost as lost:
             left = [r for r in ranks if r.name != lost.rank.name]
             spent = time.monotonic() - t0
@@ -272,9 +277,9 @@ class Groups:
                               "the machine is back.") from None
             if len(left) == 1:
                 return await b.denoise_on_rank(left[0], payload_ref, call, workflow, put, on_step, rerun), rerun
-            return await self._on(b, left, payload_ref, call, workflow, put, on_step, rerun), rerun
+            return await self._on(b, left, payload_ref, call, workflow, put, on_step, rerun, shape), rerun
 
-    async def _on(self, b, ranks, payload_ref, call, workflow, put, on_step, note):
+    async def _on(self, b, ranks, payload_ref, call, workflow, put, on_step, note, shape=None):
         group = await self.form(ranks)
         seen = [0]
 
@@ -284,6 +289,7 @@ class Groups:
         latents_ref, records = await self.denoise(group, payload_ref, call, follow, put)
         records = b.on_b_clock(records)
         den = records[1]
+        self.clock.add(shape, len(group.ranks), list(den.steps))
         readout = rank_records(records, group.ranks)
         records[1] = dataclasses.replace(den, note="; ".join(x for x in (den.note, f"{group.method} over "
                                          f"{len(group.ranks)} ranks", note) if x),
@@ -302,14 +308,16 @@ class Groups:
         except Exception:  # noqa: BLE001 - one of them is gone too
             return False
 
-    async def choose(self, b, mode: str, workflow: str, call: wire.DenoiseCall) -> tuple[list[Rank] | None, str]:
+    async def choose(self, b, mode: str, workflow: str, call: wire.DenoiseCall,
+                     shape: tuple | None = None) -> tuple[list[Rank] | None, str]:
         """The ranks of a request: A's rank first, then the B worker the pool picks (``A+B``) or every live worker
-        (``all``); ``auto`` picks A+B when A can hold a rank and nothing else of this caller waits for B, else one
-        worker. Returns ``(ranks or None, why)``."""
+        (``all``); ``auto`` joins A to B when A can hold a rank, B's worker has nothing else queued and the measured
+        times say it finishes this caller's queue sooner (:mod:`.parallel_plan`), else one worker. Returns
+        ``(ranks or None, why)``."""
         if mode == "auto":
-            if b.pending > 1:
-                return None, (f"parallel auto: {b.pending - 1} more request(s) of this batch are in flight, so A "
-                              "encodes and decodes them beside B's denoise (pipelined) instead of joining it")
+            choice = plan_parallel(self.clock, shape, call.num_inference_steps, 2, b.pending, self.a_work_s())
+            if not choice.join:
+                return None, choice.why
             try:
                 a = await self.a()
             except ParallelError as exc:
@@ -317,7 +325,7 @@ class Groups:
             worker = await b.pick_for_group(workflow, call)
             if worker.queued_steps() > call.num_inference_steps:
                 return None, f"parallel auto: B worker {worker.name} has other requests queued: one worker"
-            return [a, _rank_of(worker)], "parallel auto: A joins B's denoise (nothing else waits for B)"
+            return [a, _rank_of(worker)], choice.why
         a = await self.a()
         if mode == "A+B":
             return [a, _rank_of(await b.pick_for_group(workflow, call))], f"parallel {mode}"
