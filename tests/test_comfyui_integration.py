@@ -598,6 +598,32 @@ def test_t2va_prompt_runs_with_events_history_and_mp4(comfyui, tiny_ckpt, tmp_pa
     assert {"a_to_b", "denoise", "b_to_a"} <= stages
 
 
+def test_template_with_parallel_a_plus_b_runs_to_mp4(comfyui, tmp_path):
+    """The t2va template with tiny-random and ``parallel`` A+B: A's DiT rank (its own process on A's node) joins B's
+    worker for the denoise; both ranks' records reach the UI, the readout names them, and the MP4 is written."""
+    api, ui = _with_tiny(*_template("h3_t2va"))
+    (dit_id,), (den_id,), (save_id,) = _ids(api, "H3RemoteDiT"), _ids(api, "H3RemoteDenoise"), _ids(api, "H3SaveVideo")
+    (text_id,) = _ids(api, "H3TextEncode")
+    api[dit_id]["inputs"]["parallel"] = "A+B"
+    api[den_id]["inputs"]["steps"] = 3
+    api[text_id]["inputs"].update(width=128, height=128)
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
+    errors = _of(messages, "execution_error", pid)
+    assert not errors, f"{errors[0].get('exception_message')}\n{''.join(errors[0].get('traceback', []))}"
+    (den,) = [d for d in _of(messages, "h3.timing", pid) if d["node"] == den_id]
+    ranks = den["summary"]["ran"]["ranks"]
+    assert [r["machine"] for r in ranks] == ["A", "B"] and all(r["step_s"] for r in ranks)
+    assert [s["info"].get("rank") for s in den["stages"] if s["stage"] == "denoise"] == [0, 1]
+    assert "ulysses over 2 ranks" in den["summary"]["schedule"]
+    texts = [m["data"]["text"] for m in messages if m["type"] == "progress_text" and m["data"]["nodeId"] == dit_id]
+    assert texts and "parallel A+B" in texts[-1]
+    (video,) = entry["outputs"][save_id]["images"]
+    assert (comfyui.output / video["subfolder"] / video["filename"]).stat().st_size > 0
+    status, _, body = asyncio.run(_get(comfyui, "/api/h3/status"))
+    groups = [a["health"].get("group") for a in json.loads(body)["actors"] if "health" in a]
+    assert any(g and [r["machine"] for r in g["ranks"]] == ["A", "B"] for g in groups), groups
+
+
 def test_bad_inputs_are_refused_by_post_prompt(comfyui, tiny_ckpt):
     api, _ = _prompt(tiny_ckpt, width=500)
     status, answer = asyncio.run(_post_prompt(comfyui, api))
