@@ -116,6 +116,8 @@ class DiTActorImpl(ResidentActorMixin):
             entry["steps"] = entry["steps"] or call.num_inference_steps
 
             def on_step(rec):
+                if rec.preview is not None:  # the latest preview, before its step shows, so A gets them together
+                    progress["preview"] = rec.preview
                 progress["steps"].append((rec.index, rec.total, rec.seconds))
                 self._step_s.append(rec.seconds)
 
@@ -125,6 +127,8 @@ class DiTActorImpl(ResidentActorMixin):
             info = self._serving(result.swap_s)
             if result.parallel:  # one rank of a DiT group: its share of the time in collectives
                 info.update(result.parallel, comm_s=round(result.comm_s, 5), machine=self.machine)
+            if result.preview:  # what the live previews cost B
+                info["preview"] = result.preview
             den = StageRecord(request_id, "denoise", self.machine, self.node_ip, t_recv, time.time(),
                               compute_s=result.compute_s, bytes=result.latents.field_bytes(),
                               steps=tuple(s.seconds for s in result.steps), load_s=result.swap_s + result.adapter_s,
@@ -274,7 +278,7 @@ class DiTActorImpl(ResidentActorMixin):
         if p is None:
             return {"state": "queued", "steps": [], "total": 0, "error": None}
         return {"state": p["state"], "steps": list(p["steps"]), "total": p["total"], "error": p["error"],
-                "cancel_at_step": p.get("cancel_at_step")}
+                "cancel_at_step": p.get("cancel_at_step"), "preview": p.get("preview")}
 
     @ray.method(concurrency_group="control")
     def cancel(self, request_id: str) -> bool:

@@ -26,14 +26,14 @@ from typing import Callable
 
 import torch
 from diffusers import GGUFQuantizationConfig, MiniMaxH3Transformer3DModel
-from diffusers.modular_pipelines import ModularPipelineBlocks
+from diffusers.modular_pipelines import InputParam, ModularPipelineBlocks
 from safetensors import safe_open
 
 from comfy_h3_nodes.engine.contract import wire
 from comfy_h3_nodes.engine.contract.configs import PARTITION_OF, PARTITIONS, SCHEDULERS
 from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
 from comfy_h3_nodes.engine.contract.timing import StepRecord
-from comfy_h3_nodes.engine.model import formats, memory_plan, parallel, split, split_decode
+from comfy_h3_nodes.engine.model import formats, memory_plan, parallel, preview, split, split_decode
 from comfy_h3_nodes.engine.model.backends import apply_attention_backend, resolve_attention_backend
 from comfy_h3_nodes.engine.model.folders import b_components, check_model_dir
 from comfy_h3_nodes.engine.process import maybe_profile
@@ -52,6 +52,7 @@ class StepMonitor:
     sync: Callable[[], None] | None = None  # CUDA: wait for the step's kernels, so step times are real
     #: in a DiT group: every rank's wish to stop, agreed (so all ranks stop before the same step)
     agree: Callable[[bool], bool] | None = None
+    previewer: preview.Previewer | None = None  # live previews of the estimate, when A asked for them
     steps: list[StepRecord] = field(default_factory=list)
     _t0: float = 0.0
 
@@ -63,13 +64,25 @@ class StepMonitor:
             raise DenoiseCancelled(f"request {self.request_id} was cancelled before step {i + 1}/{self.total} on B")
         self._t0 = time.perf_counter()
 
-    def end(self, i: int) -> None:
+    def end(self, i: int, block_state=None, components=None) -> None:
         if self.sync is not None:
             self.sync()
-        rec = StepRecord(i, self.total, time.perf_counter() - self._t0)
+        seconds = time.perf_counter() - self._t0
+        shown = None
+        if self.previewer is not None and block_state is not None and self.previewer.due(i, self.total):
+            shown = self._preview(i, seconds, block_state, components)
+        rec = StepRecord(i, self.total, seconds, preview=shown)
         self.steps.append(rec)
         if self.on_step is not None:
             self.on_step(rec)
+
+    def _preview(self, i: int, seconds: float, bs, components):
+        timesteps = bs.timesteps
+        sigma_next = 1.0 - float(timesteps[i + 1]) if i + 1 < len(timesteps) else 0.0  # t = 1 - sigma
+        return self.previewer.make(
+            i, self.total, bs.latents, bs.noise_pred, sigma_next, condition_rows=int(bs.num_condition_video_rows),
+            grid=(int(bs.num_latent_frames), int(bs.latent_height), int(bs.latent_width)),
+            patch=tuple(components.patch_size), step_s=seconds)
 
 
 class MonitorSlot:
@@ -92,8 +105,11 @@ def _hook_block(kind: str, slot: MonitorSlot):
             return f"comfy-h3: step {kind} hook (progress events and cancellation between steps)."
 
         @property
-        def inputs(self):
-            return []
+        def inputs(self):  # the end hook reads what a preview needs (the loop's state holds them)
+            if kind != "end":
+                return []
+            return [InputParam(name) for name in ("num_condition_video_rows", "num_latent_frames", "latent_height",
+                                                  "latent_width")]
 
         @property
         def intermediate_outputs(self):
@@ -103,7 +119,10 @@ def _hook_block(kind: str, slot: MonitorSlot):
             monitor = slot.monitor
             if monitor is not None:
                 monitor.total = len(block_state.timesteps)
-                getattr(monitor, kind)(i)
+                if kind == "end":
+                    monitor.end(i, block_state, components)
+                else:
+                    monitor.start(i)
             return components, block_state
 
     return H3StepHook()
@@ -122,6 +141,7 @@ class DenoiseResult:
     notes: list = field(default_factory=list)  # more for the record's note (a benchmark's stand-in time)
     comm_s: float = 0.0  # in a DiT group: seconds inside the collectives (waiting for the slower rank included)
     parallel: dict = field(default_factory=dict)  # in a DiT group: rank, world, method, rows
+    preview: dict = field(default_factory=dict)  # previews made: count, B seconds in all, bytes of the last, every
 
     def schedule_note(self, adapters: tuple = ()) -> str:
         parts = [f"{len(self.steps)} forwards, shift {self.shift:g} (video) / {self.audio_shift:g} (audio)"]
@@ -185,6 +205,7 @@ class BSide:
         self.residency = "both" if len(resident) > 1 else "one"
         self._lock = threading.Lock()
         self._slot = MonitorSlot()
+        self._preview_note = ""  # why a request asked for previews and got none
         self._pipes: dict[str, object] = {}
         self.load_records: list[split.LoadRecord] = []
         self._adapters: dict[str, AdapterManager] = {}
@@ -353,8 +374,10 @@ class BSide:
             adapter_s, schedule = self.adapters.activate(tuple((a.path, a.weight) for a in call.adapters))
             shifts = self._apply_schedule(pipe, schedule)
             cuda = self.device.startswith("cuda")
+            self._preview_note = ""
             monitor = StepMonitor(total=call.num_inference_steps, on_step=on_step, should_cancel=should_cancel,
-                                  request_id=call.request_id, sync=torch.cuda.synchronize if cuda else None)
+                                  request_id=call.request_id, sync=torch.cuda.synchronize if cuda else None,
+                                  previewer=self._previewer(call))
             clock = parallel.CommClock()
             grouped = self._grouped(call, monitor, clock, ready_timeout)
             self._slot.monitor = monitor
@@ -386,6 +409,13 @@ class BSide:
         )
         res = DenoiseResult(result.validate(), monitor.steps, compute_s, swap_s, adapter_s, *shifts)
         res.profile_path = self.last_profile
+        if self._preview_note:
+            res.notes.append(self._preview_note)
+        if monitor.previewer is not None and monitor.previewer.cost_s:
+            pv = monitor.previewer
+            res.preview = {"count": len(pv.cost_s), "cost_s": round(sum(pv.cost_s), 6), "every": pv.every,
+                           "bytes": len(pv.latest.jpeg), "size": [pv.latest.width, pv.latest.height],
+                           "source": pv.spec.source}
         if call.parallel is not None:
             res.comm_s = clock.seconds
             rows = clock.rows
@@ -393,6 +423,19 @@ class BSide:
                             "group": call.parallel.group_id, "collectives": clock.calls, "rows": rows,
                             "uneven": rows % call.parallel.world != 0}
         return res
+
+    def _previewer(self, call: wire.DenoiseCall) -> preview.Previewer | None:
+        """Previews when A asked for them, made by one rank only (rank 0 of a DiT group: the one A follows); factors
+        for another channel count are refused before any step runs."""
+        if call.preview is None or (call.parallel is not None and call.parallel.rank != 0):
+            return None
+        config = getattr(getattr(self._host, self.partition), "config", None)
+        try:
+            call.preview.validate(latent_channels=getattr(config, "in_channels", None))
+        except wire.WireError as exc:  # a preview never stops a denoise: the readout says why there is none
+            self._preview_note = f"no previews: {exc}"
+            return None
+        return preview.Previewer(call.preview, call.request_id)
 
     def _grouped(self, call: wire.DenoiseCall, monitor: StepMonitor, clock, ready_timeout: float):
         """For a rank of a DiT group: check this process is in the call's group, wait for every rank to be ready,

@@ -3,11 +3,16 @@ of the pack that imports ComfyUI (``comfy``, ``server``, ``folder_paths``); impo
 
 from __future__ import annotations
 
+import io
 import pathlib
+import uuid
 
+import comfy.latent_formats
 import comfy.model_management
 import comfy.utils
 import folder_paths
+from comfy.cli_args import args
+from PIL import Image
 from server import PromptServer
 
 from .local import ProgressReporter
@@ -18,7 +23,9 @@ class ComfyProgress(ProgressReporter):
         self.bar = comfy.utils.ProgressBar(total, node_id=node_id)
 
     def update(self, value: int, total: int, preview=None) -> None:
-        self.bar.update_absolute(value, total, preview)
+        """``preview``: B's :class:`~..engine.contract.wire.Preview`, shown the way a sampler's preview is."""
+        image = None if preview is None else ("JPEG", Image.open(io.BytesIO(preview.jpeg)), args.preview_size)
+        self.bar.update_absolute(value, total, image)
 
 
 class ComfyHost:
@@ -55,6 +62,32 @@ class ComfyHost:
             return list(folder_paths.get_folder_paths("diffusers"))
         except KeyError:  # a ComfyUI without that folder kind
             return []
+
+    def preview_method(self) -> str:
+        """ComfyUI's preview method for this prompt (``--preview-method``, or the frontend's setting, which ComfyUI
+        applies per prompt): ``none``, ``auto``, ``latent2rgb`` or ``taesd``."""
+        method = args.preview_method
+        return getattr(method, "value", str(method))
+
+    def preview_size(self) -> int:
+        return int(args.preview_size)
+
+    def preview_factors(self) -> tuple[list, list, str] | None:
+        """ComfyUI's latent-to-RGB factors for H3's video latents: ``(factors [24 x 3], bias [3], source)``, or None
+        when this ComfyUI has no H3 latent format."""
+        fmt = getattr(comfy.latent_formats, "MiniMaxH3Video", None)
+        if fmt is None or getattr(fmt, "latent_rgb_factors", None) is None:
+            return None
+        return fmt.latent_rgb_factors, fmt.latent_rgb_factors_bias or [0.0, 0.0, 0.0], \
+            "ComfyUI latent_formats.MiniMaxH3Video"
+
+    def keep_preview(self, jpeg: bytes, node_id: str | None) -> dict | None:
+        """The last preview kept on the node after the run: a file in ComfyUI's temp folder, as a ``ui`` image."""
+        name = f"h3_preview_{node_id or 'node'}_{uuid.uuid4().hex[:8]}.jpg"
+        folder = pathlib.Path(folder_paths.get_temp_directory())
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(jpeg)
+        return {"filename": name, "subfolder": "", "type": "temp"}
 
     def add_routes(self, handlers: dict) -> None:
         for path, handler in handlers.items():

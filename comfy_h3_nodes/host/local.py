@@ -16,6 +16,7 @@ from ..engine.contract.errors import H3Cancelled
 
 class ProgressReporter:
     def update(self, value: int, total: int, preview=None) -> None:  # pragma: no cover - interface
+        """``value`` of ``total``; ``preview``: B's :class:`~..engine.contract.wire.Preview` when one came."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -23,14 +24,17 @@ class ProgressReporter:
 
 
 class LocalProgress(ProgressReporter):
-    def __init__(self, total: int, desc: str):
+    def __init__(self, total: int, desc: str, on_preview: Callable | None = None):
         self.bar = tqdm(total=total, desc=desc, leave=False, disable=os.environ.get("H3_QUIET") == "1")
+        self.on_preview = on_preview
 
     def update(self, value: int, total: int, preview=None) -> None:
         if self.bar.total != total:
             self.bar.total = total
         self.bar.n = value
         self.bar.refresh()
+        if preview is not None and self.on_preview is not None:
+            self.on_preview(value, total, preview)
 
     def close(self) -> None:
         self.bar.close()
@@ -47,9 +51,16 @@ class LocalHost:
         self.interrupt_flag = threading.Event()
         self.current_prompt: str | None = None
         self._output = pathlib.Path(os.environ.get("H3_OUTPUT_DIR", "output")).resolve()
+        #: without ComfyUI: previews only when asked for (``H3_PREVIEW=latent2rgb``) and given factors
+        self.preview = os.environ.get("H3_PREVIEW", "none")
+        self.factors: tuple[list, list, str] | None = None
+        self.kept: dict[str, bytes] = {}
 
     def progress(self, node_id: str | None, total: int, desc: str = "H3") -> ProgressReporter:
-        return LocalProgress(total, desc)
+        def shown(value, total, pv):  # what a UI would draw: kept as an event
+            self.send_event("h3.preview", {"node": node_id, "value": value, "max": total, "step": pv.step,
+                                           "width": pv.width, "height": pv.height, "bytes": len(pv.jpeg)})
+        return LocalProgress(total, desc, shown)
 
     def interrupted(self) -> bool:
         return self.interrupt_flag.is_set()
@@ -75,6 +86,19 @@ class LocalHost:
 
     def set_output_dir(self, path: str | os.PathLike) -> None:
         self._output = pathlib.Path(path).resolve()
+
+    def preview_method(self) -> str:
+        return self.preview
+
+    def preview_size(self) -> int:
+        return 512
+
+    def preview_factors(self) -> tuple[list, list, str] | None:
+        return self.factors
+
+    def keep_preview(self, jpeg: bytes, node_id: str | None) -> dict | None:
+        self.kept[str(node_id)] = jpeg
+        return None
 
     def model_folders(self) -> list[str]:
         """A's model roots without ComfyUI: ``H3_MODEL_DIRS`` (colon-separated), else none."""

@@ -10,10 +10,12 @@ import dataclasses
 import logging
 import socket
 import time
+from typing import Callable
 
 from ..engine import session
 from ..engine.contract import request as rq
 from ..engine.contract.timing import StageRecord
+from ..engine.contract.wire import PREVIEW_MAX_SIDE, PreviewSpec
 from ..host import host
 
 log = logging.getLogger("comfy_h3.nodes")
@@ -142,27 +144,71 @@ def report(node_type: str, unique_id, records: list[StageRecord], compute_stage:
     return out
 
 
-def step_events(unique_id, bar=None, batch: tuple | None = None, on_cancel=None):
-    """An ``on_step`` for B's step events: the node's progress bar, and ``h3.progress`` to the UI. A progress hook
-    that raises (ComfyUI's, once the user interrupted) calls ``on_cancel``."""
-    h = host()
-    prompt_id = h.prompt_id()
+class StepEvents:
+    """An ``on_step`` for B's step events: the node's progress bar (with B's preview when one came), and
+    ``h3.progress`` to the UI. A progress hook that raises (ComfyUI's, once the user interrupted) calls
+    ``on_cancel``. ``last_preview`` keeps the newest preview for the node to show after the run."""
 
-    def on_step(ev):  # runs on the executor's thread
-        if bar is not None:
+    def __init__(self, unique_id, bar=None, batch: Callable | None = None, on_cancel: Callable | None = None):
+        self.unique_id, self.bar, self.batch, self.on_cancel = unique_id, bar, batch, on_cancel
+        self.prompt_id = host().prompt_id()
+        self.last_preview = None
+
+    def __call__(self, ev) -> None:  # runs on the executor's thread
+        h = host()
+        if ev.preview is not None:
+            self.last_preview = ev.preview
+        if self.bar is not None:
             try:
-                bar.update(ev.index + 1, ev.total)
+                self.bar.update(ev.index + 1, ev.total, ev.preview)
             except Exception as exc:  # noqa: BLE001 - ComfyUI's progress hook raises once the user interrupted
                 log.info("progress update raised %s: cancelling request %s on B", type(exc).__name__, ev.request_id)
-                if on_cancel is not None:
-                    on_cancel()
-        event = {"prompt_id": prompt_id, "node": str(unique_id), "request_id": ev.request_id, "step": ev.index + 1,
-                 "total": ev.total, "seconds": ev.seconds}
-        if batch is not None:
-            event["batch"] = list(batch(ev.request_id))
+                if self.on_cancel is not None:
+                    self.on_cancel()
+        event = {"prompt_id": self.prompt_id, "node": str(self.unique_id), "request_id": ev.request_id,
+                 "step": ev.index + 1, "total": ev.total, "seconds": ev.seconds}
+        if self.batch is not None:
+            event["batch"] = list(self.batch(ev.request_id))
+        if ev.preview is not None:
+            event["preview"] = {"step": ev.preview.step + 1, "width": ev.preview.width,
+                                "height": ev.preview.height, "bytes": len(ev.preview.jpeg)}
         try:
             h.send_event("h3.progress", event)
         except Exception as exc:  # noqa: BLE001 - a UI that went away must not stop the denoise
             log.warning("could not send h3.progress: %s", exc)
 
-    return on_step
+    def kept(self) -> list[dict]:
+        """The last preview as the node's ``ui`` images (ComfyUI keeps it on the node), when the host keeps one."""
+        if self.last_preview is None:
+            return []
+        image = host().keep_preview(self.last_preview.jpeg, None if self.unique_id is None else str(self.unique_id))
+        return [image] if image else []
+
+
+def step_events(unique_id, bar=None, batch: Callable | None = None, on_cancel: Callable | None = None) -> StepEvents:
+    return StepEvents(unique_id, bar, batch, on_cancel)
+
+
+# ------------------------------------------------------------------------------------------------ previews
+def preview_spec(latent_channels: int) -> tuple[PreviewSpec | None, str]:
+    """How B previews a request, from the host's preview method (ComfyUI's setting) and its latent-to-RGB factors
+    for H3: ``(spec or None, a sentence for the readout)``. ``none`` means none; factors for another number of latent
+    channels than the model's are not used."""
+    h = host()
+    method = h.preview_method()
+    if method in (None, "none"):
+        return None, "previews off (ComfyUI's preview method is none)"
+    got = h.preview_factors()
+    if got is None:
+        return None, "previews off: this ComfyUI has no latent-to-RGB factors for H3 latents"
+    factors, bias, source = got
+    if len(factors) != latent_channels:
+        return None, (f"previews off: the {len(factors)}-channel factors of {source} do not fit this model's "
+                      f"{latent_channels} latent channels")
+    note = "" if method in ("auto", "latent2rgb") else (
+        f"preview method {method}: B sends latent2rgb previews (a {method} decoder runs only in a one-machine "
+        "sampler)")
+    spec = PreviewSpec("latent2rgb", tuple(tuple(float(v) for v in row) for row in factors),
+                       tuple(float(v) for v in bias), max_side=max(16, min(h.preview_size(), PREVIEW_MAX_SIDE)),
+                       source=source)
+    return spec, note

@@ -7,14 +7,17 @@ a batch of one whose denoise node waits for its job, showing B's steps on its ow
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ..engine.contract import request as rq
 from ..engine.contract.configs import DECODE_ON
 from ..engine.contract.errors import H3Cancelled, H3Error
 from ..engine.contract.timing import StageRecord
+from ..engine.contract.wire import VIDEO_LATENT_CHANNELS
 from ..host import host
-from .common import CATEGORY, at, b_host, batch_size, items, named_by_host, one, report, short, step_events
+from .common import (CATEGORY, at, b_host, batch_size, items, named_by_host, one, preview_spec, report, short,
+                     step_events)
 from .save import save_partial
 from .values import dit_parts
 
@@ -174,8 +177,11 @@ class H3RemoteDenoise:
         h = host()
         bar = h.progress(unique_id, max(1, params.steps - 1), "B denoise")
         t0 = time.perf_counter()
+        spec, preview_note = preview_spec(VIDEO_LATENT_CHANNELS)
+        params = dataclasses.replace(params, preview=spec)
         job = None  # the progress hook below cancels it (ComfyUI's hook raises once the user interrupted)
-        job = ex.submit_denoise(cond, params, step_events(unique_id, bar, on_cancel=lambda: job.cancel()))
+        events = step_events(unique_id, bar, on_cancel=lambda: job.cancel())
+        job = ex.submit_denoise(cond, params, events)
         job.batch = None
         try:
             await job.wait(should_cancel=h.interrupted)
@@ -186,10 +192,21 @@ class H3RemoteDenoise:
         finally:
             bar.close()
         records = named_by_host(job.records, b_host(ex))
-        extra = schedule_extra(records, params.steps) | {"total_s": time.perf_counter() - t0}
-        ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra)
+        extra = schedule_extra(records, params.steps) | {"total_s": time.perf_counter() - t0,
+                                                         "preview": preview_readout(records, preview_note)}
+        ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra, ui={"images": kept} if (kept := events.kept()) else None)
         h.progress_text(extra["schedule"], unique_id)
         return {"ui": ui, "result": ([job],)}
+
+
+def preview_readout(records: list[StageRecord], note: str) -> dict:
+    """What the previews were: B's count, cost and bytes (from its denoise record), or why there were none."""
+    den = next(r for r in records if r.stage == "denoise")
+    made = (den.info or {}).get("preview") or {}
+    out = {"note": note, **made}
+    if made and den.steps:
+        out["share_of_step"] = made["cost_s"] / max(made["count"], 1) / (sum(den.steps) / len(den.steps))
+    return out
 
 
 def schedule_extra(records: list[StageRecord], steps: int) -> dict:

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from .configs import TINY
-from .wire import AdapterSpec, DenoiseCall
+from .wire import AdapterSpec, DenoiseCall, PreviewSpec
 
 FPS = 24
 MIN_SECONDS, MAX_SECONDS = 5.0, 15.0
@@ -313,10 +313,11 @@ class DenoiseParams:
     steps: int = 50
     seed: int = 0
     adapters: tuple = ()  # ((path on B, weight), ...)
+    preview: PreviewSpec | None = None  # live previews of B's estimate (the host's preview method decides)
 
     def call(self, request_id: str, conditioning_id: str) -> DenoiseCall:
         return DenoiseCall(request_id, conditioning_id, int(self.seed), int(self.steps),
-                           tuple(AdapterSpec(p, float(w)) for p, w in self.adapters))
+                           tuple(AdapterSpec(p, float(w)) for p, w in self.adapters), preview=self.preview)
 
 
 @dataclass

@@ -26,12 +26,14 @@ CSV_FIELDS = ("request_id", "stage", "machine", "node", "start", "end", "produce
 @dataclass(frozen=True)
 class StepRecord:
     """One denoise step as B timed it: ``index`` of ``total`` model evaluations, its seconds. ``request_id`` is set
-    where the step events reach A (B's own records of a request need none)."""
+    where the step events reach A (B's own records of a request need none). ``preview``: B's
+    :class:`~.wire.Preview` of its estimate after this step, when one was made (it is not part of the timing)."""
 
     index: int
     total: int
     seconds: float
     request_id: str = ""
+    preview: object = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ Frozen dataclasses cross the machines, and nothing else:
 * :class:`DenoiseCall` (A->B, with the call): one denoise run of an encoded request: its seed, steps and adapters;
 * :class:`DenoisedLatents` (B->A): what the ``decode.*`` blocks read back.
 * :class:`DecodedClip` (B->A, split decode only): one video VAE clip B decoded from the latents it holds.
+* :class:`PreviewSpec` (A->B, with the call) and :class:`Preview` (B->A, with the step events): live previews of
+  B's current estimate, a small JPEG of a few KB.
 
 Tensors travel as :class:`WireTensor`, a numpy array plus its torch dtype name. Ray serialises numpy arrays
 out-of-band (pickle protocol 5), so the receiver gets a zero-copy, read-only view of the object store; bf16, which
@@ -30,7 +32,8 @@ import numpy as np
 from .configs import PARALLEL_METHODS, WORKFLOWS
 
 #: 2: the denoise parameters (seed, steps, adapters) left the encoded payload for :class:`DenoiseCall`
-SCHEMA_VERSION = 2
+#: 3: :class:`DenoiseCall` carries a :class:`PreviewSpec`; B's progress answers carry a :class:`Preview`
+SCHEMA_VERSION = 3
 
 #: Largest payload either side accepts, in bytes (A->B with nine image references is about 0.7 GB at real scale).
 DEFAULT_MAX_PAYLOAD_BYTES = int(os.environ.get("H3_MAX_PAYLOAD_BYTES", str(1 << 30)))
@@ -285,6 +288,80 @@ class ParallelCall:
         return self
 
 
+PREVIEW_METHODS = ("latent2rgb",)
+PREVIEW_MAX_SIDE = 1024  # pixels, the longest side a preview may have
+PREVIEW_MAX_BYTES = 256 << 10
+
+
+@dataclass(frozen=True)
+class PreviewSpec:
+    """A->B with the denoise call: how B previews its current estimate (the ``x0`` of each step, one latent frame)
+    for the user. ``latent2rgb``: a linear map of the latent channels to RGB (``factors``: one ``(r, g, b)`` row per
+    latent channel, ``bias``), the method ComfyUI's samplers use, with ComfyUI's factors for H3. ``every``: a
+    preview each that many steps; 0 lets B choose so previews cost under ``budget`` of a step. ``max_side``: the
+    longest side in pixels (the latent grid is upscaled to it with nearest neighbours, never above 8x)."""
+
+    method: str
+    factors: tuple[tuple[float, float, float], ...]
+    bias: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    every: int = 0
+    max_side: int = 512
+    budget: float = 0.01
+    source: str = ""  # where the factors come from, for the node's readout
+
+    def validate(self, latent_channels: int | None = None) -> "PreviewSpec":
+        if self.method not in PREVIEW_METHODS:
+            raise WireError(f"preview.method is {self.method!r}, expected one of {PREVIEW_METHODS}.")
+        rows = self.factors if isinstance(self.factors, tuple) else ()
+        if not rows or any(not isinstance(r, tuple) or len(r) != 3 for r in rows):
+            raise WireError("preview.factors must be one (r, g, b) tuple per latent channel.")
+        if not all(isinstance(v, (int, float)) and np.isfinite(v) for r in rows + (self.bias,) for v in r) \
+                or len(self.bias) != 3:
+            raise WireError("preview.factors and preview.bias must be finite numbers, bias three of them.")
+        if latent_channels is not None and len(rows) != latent_channels:
+            raise WireError(f"preview.factors has {len(rows)} rows but the model's latents have {latent_channels} "
+                            "channels; give one (r, g, b) row per channel.")
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 0:
+            raise WireError(f"preview.every is {self.every!r}, expected 0 (B chooses) or a positive integer.")
+        if isinstance(self.max_side, bool) or not isinstance(self.max_side, int) \
+                or not 16 <= self.max_side <= PREVIEW_MAX_SIDE:
+            raise WireError(f"preview.max_side is {self.max_side!r}, expected 16..{PREVIEW_MAX_SIDE} pixels.")
+        if not isinstance(self.budget, (int, float)) or not 0 < self.budget <= 1:
+            raise WireError(f"preview.budget is {self.budget!r}, expected a share of a step in (0, 1].")
+        return self
+
+
+@dataclass(frozen=True)
+class Preview:
+    """B->A with the step events: B's estimate after step ``step`` (0-based) of ``total``, as a JPEG.
+    ``cost_s``: what making it cost B (on B's clock); ``frame``: the latent frame shown."""
+
+    request_id: str
+    step: int
+    total: int
+    jpeg: bytes
+    width: int
+    height: int
+    cost_s: float = 0.0
+    frame: int = 0
+    schema_version: int = SCHEMA_VERSION
+
+    def validate(self) -> "Preview":
+        _check_version(self, "B->A preview")
+        if not isinstance(self.jpeg, bytes) or not self.jpeg.startswith(b"\xff\xd8"):
+            raise WireError(f"the preview of request {self.request_id} is not a JPEG.")
+        if len(self.jpeg) > PREVIEW_MAX_BYTES:
+            raise WireError(f"the preview of request {self.request_id} is {len(self.jpeg)} bytes, over the "
+                            f"{PREVIEW_MAX_BYTES} limit.")
+        for name in ("width", "height"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= PREVIEW_MAX_SIDE:
+                raise WireError(f"preview.{name} is {v!r}, expected 1..{PREVIEW_MAX_SIDE} pixels.")
+        if not isinstance(self.step, int) or not isinstance(self.total, int) or not 0 <= self.step < self.total:
+            raise WireError(f"preview.step is {self.step!r} of {self.total!r}, expected 0..total-1.")
+        return self
+
+
 @dataclass(frozen=True)
 class DenoiseCall:
     """A->B with the denoise call: one run of an encoded request. ``request_id`` names this run (its records, its
@@ -297,6 +374,7 @@ class DenoiseCall:
     num_inference_steps: int
     adapters: tuple[AdapterSpec, ...] = ()
     parallel: ParallelCall | None = None  # one rank of a DiT group; None: this worker alone
+    preview: PreviewSpec | None = None  # live previews of B's estimate; None: none
     schema_version: int = SCHEMA_VERSION
 
     def validate(self, payload: "EncodedRequest | None" = None) -> "DenoiseCall":
@@ -320,6 +398,10 @@ class DenoiseCall:
             if not isinstance(self.parallel, ParallelCall):
                 raise WireError(f"parallel is a {type(self.parallel).__name__}, expected a ParallelCall.")
             self.parallel.validate()
+        if self.preview is not None:
+            if not isinstance(self.preview, PreviewSpec):
+                raise WireError(f"preview is a {type(self.preview).__name__}, expected a PreviewSpec.")
+            self.preview.validate()
         if payload is not None and payload.request_id != self.conditioning_id:
             raise WireError(f"the denoise call of request {self.request_id} is for the conditioning "
                             f"{self.conditioning_id}, but the payload is {payload.request_id}'s.")

@@ -257,15 +257,27 @@ class BClient:
                 fut.cancel()
             elif not fut.cancelled():
                 fut.exception()  # mark a failure we reported another way as retrieved
-        if on_step is not None:  # steps that finished after the last poll
-            for i, sec in enumerate(records[1].steps[seen:], start=seen):
-                on_step(StepRecord(i, len(records[1].steps), sec, rid))
+        await self.report_rest(b, rid, records[1].steps, seen, on_step, call.preview is not None)
         return Denoised(rid, workflow, latents_ref, records, w)
+
+    async def report_rest(self, b, rid: str, steps: tuple, seen: int, on_step, preview: bool) -> None:
+        """The steps that finished after the last poll, the last one with B's final preview (asked once, bounded:
+        a B too busy to answer costs the preview, never the result)."""
+        if on_step is None or seen >= len(steps):
+            return
+        pv = None
+        if preview:
+            try:
+                pv = received_preview(await await_ref(b.progress.remote(rid), self.timeouts.health), rid, -1)
+            except (asyncio.TimeoutError, ray.exceptions.RayError):
+                pv = None
+        for i, sec in enumerate(steps[seen:], start=seen):
+            on_step(StepRecord(i, len(steps), sec, rid, preview=pv if i == len(steps) - 1 else None))
 
     async def follow(self, b, rid: str, fut, recs_ref, on_step) -> int:
         """Until B's denoise ends: B's step events to ``on_step``, a cancel passed on once, the stall bound kept.
         Returns how many steps were reported."""
-        seen, last_progress, cancel_sent = 0, time.monotonic(), False
+        seen, last_progress, cancel_sent, shown = 0, time.monotonic(), False, -1
         while True:
             done, _ = await asyncio.wait({fut}, timeout=self.timeouts.poll)
             if done:
@@ -280,10 +292,11 @@ class BClient:
             steps = prog["steps"] if prog else []
             if len(steps) > seen:
                 last_progress = time.monotonic()
-                for i, total, sec in steps[seen:]:
-                    if on_step is not None:
-                        on_step(StepRecord(i, total, sec, rid))
-                seen = len(steps)
+                pv = received_preview(prog, rid, shown)
+                for k, (i, total, sec) in enumerate(steps[seen:], start=seen):
+                    if on_step is not None:  # the newest preview rides with the newest step of this poll
+                        on_step(StepRecord(i, total, sec, rid, preview=pv if k == len(steps) - 1 else None))
+                seen, shown = len(steps), pv.step if pv is not None else shown
             elif prog and prog["state"] in ("waiting", "queued"):
                 last_progress = time.monotonic()
             if time.monotonic() - last_progress > self.timeouts.stall:
@@ -365,3 +378,16 @@ class BClient:
     def on_b_clock(self, records: list[StageRecord]) -> list[StageRecord]:
         return [dataclasses.replace(r, clock_offset_s=self.clock_offset_s) if r.machine == "B" else r
                 for r in records]
+
+
+def received_preview(prog: dict, rid: str, shown: int) -> wire.Preview | None:
+    """The preview in B's progress answer when it is new and valid; one that fails the contract is logged and
+    dropped (a preview never stops a denoise)."""
+    pv = prog.get("preview")
+    if pv is None or getattr(pv, "step", -1) <= shown:
+        return None
+    try:
+        return pv.validate() if isinstance(pv, wire.Preview) and pv.request_id == rid else None
+    except wire.WireError as exc:
+        log.warning("dropped B's preview of request %s: %s", rid, exc)
+        return None

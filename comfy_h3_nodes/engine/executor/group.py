@@ -27,7 +27,7 @@ import ray
 
 from ..contract import wire
 from ..contract.errors import H3Cancelled, H3Error
-from ..contract.timing import StageRecord, StepRecord
+from ..contract.timing import StageRecord
 from ..model.parallel import ParallelError, method_for
 from .failures import WORKER_LOST, creation_cause, first_line
 from .handoff import unwrap_ray_error
@@ -296,9 +296,8 @@ class Groups:
                                          info={**(den.info or {}), **readout, "parallel": True,
                                                "group": group.group_id, "method": group.method,
                                                **({"rerun": note} if "re-run" in (note or "") else {})})
-        if on_step is not None:  # rank 0's steps that finished after the last poll
-            for i, sec in enumerate(den.steps[seen[0]:], start=seen[0]):
-                on_step(StepRecord(i, len(den.steps), sec, call.request_id))
+        await b.report_rest(group.ranks[0].handle, call.request_id, den.steps, seen[0], on_step,
+                            call.preview is not None)  # rank 0's steps that finished after the last poll
         return latents_ref, records
 
     async def _alive(self, ranks: list[Rank]) -> bool:
