@@ -103,7 +103,6 @@ class DiTActorImpl(ResidentActorMixin):
             entry = self._queue.setdefault(request_id, {"request_id": request_id, "steps": 0, "client": None,
                                                         "since": time.time()})
             entry["state"] = "running"
-        t_start = time.time()
         try:
             if request_id in self._cancelled:
                 raise DenoiseCancelled(f"request {request_id} was cancelled before B started it")
@@ -337,6 +336,15 @@ class DiTActorImpl(ResidentActorMixin):
         self.config = new
         log.info("reconfigured %s in %.2f s", diff, time.perf_counter() - t0)
         return {"changed": diff, "seconds": time.perf_counter() - t0}
+
+    @ray.method(concurrency_group="control")
+    def check_adapter(self, path: str) -> dict:
+        """Whether B can use the LoRA ``path`` (inside its model roots, a file, its tensors fitting the resident
+        transformer), without loading it: ``{"ok": True, "path": resolved}`` or ``{"ok": False, "error": ...}``."""
+        try:
+            return {"ok": True, "path": self.side.adapters.check(path)}
+        except (ValueError, OSError) as exc:  # AdapterError, ModelFolderError: the sentence for the node
+            return {"ok": False, "error": str(exc)}
 
     @ray.method(concurrency_group="control")
     def models(self, search_roots: list | None = None) -> dict:

@@ -23,6 +23,7 @@ import torch
 from safetensors import safe_open
 
 from comfy_h3_nodes.engine.contract.errors import ModelFolderError
+from comfy_h3_nodes.engine.model import catalog
 
 #: Tensor-name fragments of other runtimes' checkpoints, and the runtime they belong to.
 FOREIGN_PATTERNS = (
@@ -123,24 +124,41 @@ class AdapterManager:
     def _name(self, path: str) -> str:
         return f"h3_{len(self.loaded)}_{pathlib.Path(path).stem}"[:64]
 
-    def ensure_loaded(self, path: str) -> tuple[str, float]:
-        """The adapter name of ``path`` (loading it once); returns ``(name, load_seconds)``."""
+    def _file(self, path: str) -> pathlib.Path:
         p = pathlib.Path(os.path.expanduser(path))
         if self.path_check is not None:
             p = pathlib.Path(self.path_check(p))
         if not p.is_file():
-            raise AdapterError(f"adapter file {p} does not exist on machine B.")
-        key = str(p.resolve())
-        if key in self.loaded:
-            return self.loaded[key], 0.0
-        t0 = time.perf_counter()
+            raise AdapterError(f"adapter file {p} does not exist on machine B; give a LoRA file B has (the "
+                               f"tiny-random model's own 4-step LoRA is '{catalog.TINY}').")
+        return p
+
+    def _read(self, p: pathlib.Path) -> dict:
         try:
-            state_dict = self.host.lora_state_dict(key)
+            state_dict = self.host.lora_state_dict(str(p.resolve()))
         except Exception as exc:  # noqa: BLE001 - re-raised with the file named
             raise AdapterError(f"adapter file {p} could not be read as a LoRA: {exc}") from exc
         if not state_dict:
             raise AdapterError(f"adapter file {p} holds no tensors.")
         check_lora_fits(state_dict, getattr(self.host, self.partition))
+        return state_dict
+
+    def check(self, path: str) -> str:
+        """What :meth:`ensure_loaded` would refuse, without touching the transformer (a node checks its LoRA up
+        front while B denoises); returns the resolved path."""
+        p = self._file(path)
+        if str(p.resolve()) not in self.loaded:
+            self._read(p)
+        return str(p.resolve())
+
+    def ensure_loaded(self, path: str) -> tuple[str, float]:
+        """The adapter name of ``path`` (loading it once); returns ``(name, load_seconds)``."""
+        p = self._file(path)
+        key = str(p.resolve())
+        if key in self.loaded:
+            return self.loaded[key], 0.0
+        t0 = time.perf_counter()
+        state_dict = self._read(p)
         schedule = read_sidecar(p)
         name = self._name(key)
         self.host.load_lora_weights(state_dict, adapter_name=name)

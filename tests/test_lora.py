@@ -103,6 +103,30 @@ def test_adapter_that_does_not_fit_is_refused_and_b_keeps_serving(executor, tmp_
     assert executor.generate(_request()).media.frames.shape == (124, 64, 64, 3)
 
 
+def test_lora_node_checks_its_file_on_b_up_front(local_host, executor, tiny_ckpt, tmp_path, loras):
+    """H3LoRA asks B about its file before any request: a missing or misfit file fails on H3LoRA (with the
+    tiny-random hint), a good one is named in its readout as B's; B keeps serving."""
+    import comfy_h3_nodes.nodes as N
+    from comfy_h3_nodes.engine.contract.errors import H3Error
+    from comfy_h3_nodes.nodes.values import DiT
+
+    dit = DiT(executor, ())
+    with pytest.raises(H3Error, match=r"missing.safetensors does not exist on machine B.*'tiny-random'"):
+        N.H3LoRA().apply(dit, str(tmp_path / "missing.safetensors"), 1.0, unique_id="9")
+    state = __import__("safetensors.torch", fromlist=["load_file"]).load_file(str(loras["plain"]))
+    bad = {k.replace("attn.to_q", "attn.to_gate_compress"): v for k, v in state.items()}
+    __import__("safetensors.torch", fromlist=["save_file"]).save_file(bad, str(tmp_path / "vsa.safetensors"))
+    with pytest.raises(H3Error, match="fit no module"):
+        N.H3LoRA().apply(dit, str(tmp_path / "vsa.safetensors"), 1.0, unique_id="9")
+    out = N.H3LoRA().apply(dit, str(loras["turbo"]), 0.5, unique_id="9")
+    timing = out["ui"]["h3_timing"][0]
+    assert timing["summary"]["machine"] == "B" and timing["summary"]["resolved"] == str(loras["turbo"].resolve())
+    assert out["result"][0].adapters == ((str(loras["turbo"]), 0.5),)
+    assert N.H3LoRA().apply(dit, "tiny-random", 1.0)["ui"]["h3_timing"][0]["summary"]["resolved"].endswith(
+        ".safetensors")
+    assert executor.generate(_request()).media.frames.shape == (124, 64, 64, 3)
+
+
 def test_request_refuses_bad_adapter_values():
     from comfy_h3_nodes.engine.contract.request import RequestError, validate_request
 

@@ -308,11 +308,11 @@ def _flat_truncated_latents():
 REFUSALS = [
     # (id, make payload, validate kwargs, words the message must contain)
     ("version-A->B", lambda: dataclasses.replace(t2va(), schema_version=1), {},
-     ["A->B", "version 2", "version 1", "same comfy-h3 version"]),
-    ("version-B->A", lambda: dataclasses.replace(denoised(), schema_version=3), {},
-     ["B->A", "version 3", "version 2"]),
+     ["A->B", f"version {SCHEMA_VERSION}", "version 1", "same comfy-h3 version"]),
+    ("version-B->A", lambda: dataclasses.replace(denoised(), schema_version=SCHEMA_VERSION + 1), {},
+     ["B->A", f"version {SCHEMA_VERSION + 1}", f"version {SCHEMA_VERSION}"]),
     ("version-missing", lambda: dataclasses.replace(denoised(), schema_version=None), {},
-     ["version None", "version 2"]),
+     ["version None", f"version {SCHEMA_VERSION}"]),
     ("latents-fp16", lambda: denoised(latents=wt(randn(*_LAT, dtype=torch.float16))), {},
      ["latents", "float16", "expected float32"]),
     ("latents-bf16", lambda: denoised(latents=wt(randn(*_LAT, dtype=torch.bfloat16))), {},

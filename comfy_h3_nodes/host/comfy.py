@@ -15,7 +15,7 @@ from comfy.cli_args import args
 from PIL import Image
 from server import PromptServer
 
-from .local import ProgressReporter
+from .local import ProgressReporter, builtin_error
 
 
 class ComfyProgress(ProgressReporter):
@@ -42,6 +42,12 @@ class ComfyHost:
     def interrupt_exception(self) -> BaseException:
         """ComfyUI's own interrupt: the run ends as "interrupted", not as an error."""
         return comfy.model_management.InterruptProcessingException()
+
+    def user_error(self, exc: BaseException) -> BaseException:
+        """The pack's errors as a built-in type (``ValueError`` for a bad value, ``TimeoutError``, else
+        ``RuntimeError``) with the same sentence: ComfyUI prefixes a message with the exception's module path
+        unless it is a built-in. ComfyUI's own exceptions (its interrupt) pass unchanged."""
+        return builtin_error(exc)
 
     def prompt_id(self) -> str | None:
         return getattr(PromptServer.instance, "last_prompt_id", None)

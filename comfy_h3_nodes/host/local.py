@@ -11,7 +11,20 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from ..engine.contract.errors import H3Cancelled
+from ..engine.contract.errors import H3Cancelled, H3Timeout
+
+
+PACK_MODULES = ("comfy_h3_nodes", "remote_worker")
+
+
+def builtin_error(exc: BaseException) -> BaseException:
+    """``exc`` as a built-in exception with the same message when it is one of the pack's (or Ray's) types; others
+    unchanged."""
+    if type(exc).__module__.split(".")[0] not in (*PACK_MODULES, "ray"):
+        return exc
+    kind = (TimeoutError if isinstance(exc, (TimeoutError, H3Timeout)) else
+            ValueError if isinstance(exc, ValueError) else RuntimeError)
+    return kind(str(exc))
 
 
 class ProgressReporter:
@@ -68,6 +81,10 @@ class LocalHost:
     def interrupt_exception(self) -> BaseException:
         """What a node raises when the user interrupted it."""
         return H3Cancelled("interrupted: the request was cancelled on B")
+
+    def user_error(self, exc: BaseException) -> BaseException:
+        """Without ComfyUI the pack's own exception types stay (the runner and tests tell them apart)."""
+        return exc
 
     def prompt_id(self) -> str | None:
         return self.current_prompt

@@ -6,6 +6,7 @@ Graph: H3LoadEncoders -> H3TextEncode (+ H3Keyframes | H3References | H3PromptLi
 standard IMAGE and AUDIO). The values they pass are described in :mod:`.values`.
 """
 
+from .common import plain_errors
 from .generate import H3Decode, H3RemoteDenoise, H3TextEncode
 from .inputs import H3Keyframes, H3PromptList, H3References
 from .loaders import H3LoadEncoders, H3LoRA, H3RemoteDiT
@@ -24,6 +25,9 @@ NODE_CLASS_MAPPINGS = {
     "H3Decode": H3Decode,
     "H3SaveVideo": H3SaveVideo,
 }
+
+for _cls in NODE_CLASS_MAPPINGS.values():
+    plain_errors(_cls)
 
 NODE_DISPLAY_NAME_MAPPINGS = {
     "H3LoadEncoders": "H3 Load Encoders (A)",

@@ -7,6 +7,8 @@ requests where every list input holds 1 or N items.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import logging
 import socket
 import time
@@ -22,6 +24,32 @@ log = logging.getLogger("comfy_h3.nodes")
 
 CATEGORY = "MiniMax-H3"
 MAX_BATCH = 64  # requests of one graph run
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def plain_errors(cls):
+    """Node class decorator: an error the node's function raises reaches the host as the host wants it (inside
+    ComfyUI: a built-in exception type, so the user reads ``ValueError: <our sentence>`` rather than the pack's
+    module path)."""
+    fn = getattr(cls, cls.FUNCTION)
+
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def run(self, *args, **kwargs):
+            try:
+                return await fn(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - re-raised, as the host shows errors
+                raise host().user_error(exc) from exc
+    else:
+        @functools.wraps(fn)
+        def run(self, *args, **kwargs):
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - re-raised, as the host shows errors
+                raise host().user_error(exc) from exc
+
+    setattr(cls, cls.FUNCTION, run)
+    return cls
 
 
 # ------------------------------------------------------------------------------------------------ lists

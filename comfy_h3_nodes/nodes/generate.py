@@ -88,9 +88,11 @@ class H3TextEncode:
         if n == 1:  # one request: encoded before the node returns, its timing on this node's output
             cond = a.encode(reqs[0])
             return {"ui": reported(0)(*cond.payload.result()), "result": ([cond],)}
-        conds = [a.encode(req, on_done=reported(i)) for i, req in enumerate(reqs)]
+        timings = later_timings()
+        conds = [a.encode(req, on_done=lambda p, r, i=i: timings.extend(reported(i)(p, r)["h3_timing"]))
+                 for i, req in enumerate(reqs)]
         host().progress_text(f"{n} prompts: encoding one after another on A", unique_id)
-        return {"ui": {}, "result": (conds,)}
+        return {"ui": {"h3_timing": timings}, "result": (conds,)}
 
     @staticmethod
     def _checked(i, n, prompt, width, height, num_frames, keyframes, references) -> rq.ValidEncode:
@@ -160,9 +162,13 @@ class H3RemoteDenoise:
             if host().interrupted():  # the graph may be between nodes: stop every request of the batch here too
                 batch.cancel()
 
+        timings = later_timings()
+
         def done(job):  # the executor's thread: the request's latents are on A
-            report("H3RemoteDenoise", unique_id, named_by_host(job.records, b_host(ex)), "denoise",
-                   extra=schedule_extra(job.records, job.params.steps) | {"batch": [index[job.request_id] + 1, n]})
+            timings.extend(report(
+                "H3RemoteDenoise", unique_id, named_by_host(job.records, b_host(ex)), "denoise",
+                extra=schedule_extra(job.records, job.params.steps) | {"batch": [index[job.request_id] + 1, n]},
+            )["h3_timing"])
 
         slots = Slots(int(one(max_in_flight) or 2))
         for i, (cond, p) in enumerate(zip(conds, params)):
@@ -170,7 +176,7 @@ class H3RemoteDenoise:
             job.batch, index[job.request_id] = batch, i
             batch.jobs.append(job)
         host().progress_text(f"{n} requests in flight to B, at most {slots.n} at a time", unique_id)
-        return {"ui": {}, "result": (batch.jobs,)}
+        return {"ui": {"h3_timing": timings}, "result": (batch.jobs,)}
 
     async def _one(self, ex, cond, params, unique_id):
         """One request: wait for its job here, B's steps on this node's bar; an interrupt stops B within a step."""
@@ -194,9 +200,17 @@ class H3RemoteDenoise:
         records = named_by_host(job.records, b_host(ex))
         extra = schedule_extra(records, params.steps) | {"total_s": time.perf_counter() - t0,
                                                          "preview": preview_readout(records, preview_note)}
-        ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra, ui={"images": kept} if (kept := events.kept()) else None)
-        h.progress_text(extra["schedule"], unique_id)
+        kept = events.kept()
+        ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra,
+                    ui={"images": kept} if kept else None)
         return {"ui": ui, "result": ([job],)}
+
+
+def later_timings() -> list:
+    """The ``h3_timing`` list of a batch node's ``ui``, filled as its requests finish (after the node returned).
+    ComfyUI keeps the node's ``ui`` dict by reference until the prompt ends and writes it to ``/history`` then, so
+    the batch's timings land in the history of the node that made them; the UI gets each one as ``h3.timing``."""
+    return []
 
 
 def preview_readout(records: list[StageRecord], note: str) -> dict:

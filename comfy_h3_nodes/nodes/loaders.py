@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from ..engine import session
@@ -136,8 +137,7 @@ class H3RemoteDiT:
         b = ex.last_health["B"]
         rec = StageRecord("", "connect", "B", b.get("hostname") or b["node_ip"], w0, time.time(),
                           compute_s=time.perf_counter() - t0, note=note)
-        ui = report("H3RemoteDiT", unique_id, [rec], "connect", extra=extra)
-        host().progress_text(note, unique_id)
+        ui = report("H3RemoteDiT", unique_id, [rec], "connect", extra={**extra, "status": note})
         return {"ui": ui, "result": (ex,)}
 
 
@@ -207,6 +207,11 @@ class H3LoRA:
         t0, w0 = time.perf_counter(), time.time()
         ex, adapters = dit_parts(dit)
         adapters = rq.check_adapters([*adapters, (lora_path, strength)])
-        rec = local_record("lora", t0, w0, note=", ".join(f"{p} x{w:g}" for p, w in adapters))
-        return {"ui": report("H3LoRA", unique_id, [rec], "lora", extra={"adapters": [list(a) for a in adapters]}),
-                "result": (DiT(ex, adapters),)}
+        resolved = ex.check_adapter(lora_path)  # on B, before any request: the error lands on this node
+        b = (ex.last_health or {}).get("B") or {}
+        rec = StageRecord("", "lora", "B", b.get("hostname") or b.get("node_ip", ""), w0, time.time(),
+                          compute_s=time.perf_counter() - t0,
+                          note=", ".join(f"{os.path.basename(p)} x{w:g}" for p, w in adapters))
+        extra = {"adapters": [list(a) for a in adapters], "resolved": resolved}
+        ui = report("H3LoRA", unique_id, [rec], "lora", extra=extra)
+        return {"ui": ui, "result": (DiT(ex, adapters),)}

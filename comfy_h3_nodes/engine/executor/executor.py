@@ -191,6 +191,16 @@ class H3Executor:
         return {"A": self.a.load_records() if self.a is not None else [],
                 "B": ray.get(self.b.load_records.remote(), timeout=self.timeouts.health)}
 
+    def check_adapter(self, path: str) -> str:
+        """The LoRA ``path`` checked on every DiT worker (bounded): its resolved path on B, or an
+        :class:`H3Error` with B's sentence."""
+        handles = [w.handle for w in self.pool.workers.values()] or [self.b]
+        answers = ray.get([h.check_adapter.remote(path) for h in handles], timeout=self.timeouts.health)
+        bad = next((a for a in answers if not a["ok"]), None)
+        if bad is not None:
+            raise H3Error(bad["error"])
+        return answers[0]["path"]
+
     # ------------------------------------------------------------------------------------------------ requests
     def encode(self, request: EncodeRequest, a=None) -> Conditioning:
         """Start encoding ``request`` on ``a`` (default: this executor's A); checked first, in one sentence."""

@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 
 from .. import runner
 from . import batch, decode, handoff, memory, parallel, pipeline, pool, step
