@@ -503,10 +503,21 @@ app.registerExtension({
         refreshTimings(true, true);
       }));
     }
+    store.setActiveWorkflow(activeWorkflowName());
     for (const node of graphNodes()) attach(node);
     refreshStatus(true);
     refreshTimings(true, true);
     schedulePanels();
+  }),
+  // another workflow on screen (a tab, an opened file): its readouts show its own nodes' states
+  // (the frontend names the new active workflow once the graph is configured: checked again right after)
+  afterConfigureGraph: safe(() => {
+    const check = safe(() => {
+      if (store.setActiveWorkflow(activeWorkflowName())) changed();
+    });
+    check();
+    setTimeout(check, 0);
+    setTimeout(check, 120);
   }),
   nodeCreated: safe((node) => attach(node)),
   loadedGraphNode: safe((node) => attach(node)),

@@ -320,7 +320,9 @@ export class H3Store {
   constructor({ maxRequests = MAX_REQUESTS, maxLoads = MAX_LOADS } = {}) {
     this.maxRequests = maxRequests;
     this.maxLoads = maxLoads;
-    this.nodes = new Map(); // node id (string) -> node state
+    this.nodes = new Map(); // node id (string) -> node state, of the workflow on screen
+    this.activeWorkflow = null; // its name (the frontend's tab), when known
+    this._workflowNodes = new Map(); // name -> node states of a workflow not on screen
     this.requests = new Map(); // request id -> request aggregate
     this.loads = []; // records without a request id (load, connect)
     this._loadKeys = new Set();
@@ -348,14 +350,42 @@ export class H3Store {
     return this._seq;
   }
 
+  /**
+   * The workflow on screen changed (another tab, another file opened): node ids are per workflow, so the readouts
+   * show that workflow's own node states (kept while it was not on screen), not another graph's with the same ids.
+   */
+  setActiveWorkflow(name) {
+    const next = typeof name === "string" && name ? name : null;
+    if (next === this.activeWorkflow) return false;
+    if (this.activeWorkflow !== null) this._workflowNodes.set(this.activeWorkflow, this.nodes);
+    this.nodes = (next !== null && this._workflowNodes.get(next)) || new Map();
+    if (next !== null) this._workflowNodes.delete(next);
+    while (this._workflowNodes.size > 16) this._workflowNodes.delete(this._workflowNodes.keys().next().value);
+    this.activeWorkflow = next;
+    this._bump();
+    return true;
+  }
+
+  /** The node states an event of `promptId` updates: those of the workflow it was queued from. */
+  _nodesFor(promptId) {
+    const name = promptId ? this.promptNames.get(String(promptId)) : undefined;
+    if (!name || this.activeWorkflow === null || name === this.activeWorkflow) return this.nodes;
+    let map = this._workflowNodes.get(name);
+    if (!map) {
+      map = new Map();
+      this._workflowNodes.set(name, map);
+    }
+    return map;
+  }
+
   /** The state of a node, created on first use. */
-  node(id) {
+  node(id, map = this.nodes) {
     const key = nodeKey(id);
-    let ns = this.nodes.get(key);
+    let ns = map.get(key);
     if (!ns) {
       ns = { id: key, node_type: null, state: "idle", prompt_id: null, request_id: null, timing: null,
              progress: null, error: null, seq: 0 };
-      this.nodes.set(key, ns);
+      map.set(key, ns);
     }
     return ns;
   }
@@ -462,7 +492,7 @@ export class H3Store {
   executionStart(data) {
     const pid = data && typeof data === "object" ? data.prompt_id ?? null : null;
     this.promptId = pid;
-    for (const ns of this.nodes.values()) {
+    for (const ns of this._nodesFor(pid).values()) {
       if (ns.state !== "idle") ns.state = "stale";
     }
     this._bump();
@@ -470,8 +500,9 @@ export class H3Store {
 
   executionCached(data) {
     const ids = data && Array.isArray(data.nodes) ? data.nodes : [];
+    const map = this._nodesFor(data?.prompt_id ?? this.promptId);
     for (const id of ids) {
-      const ns = this.nodes.get(nodeKey(id));
+      const ns = map.get(nodeKey(id));
       if (ns && (ns.timing || ns.progress)) ns.state = "cached";
     }
     if (ids.length) this._bump();
@@ -482,11 +513,12 @@ export class H3Store {
     let id = detail;
     if (detail && typeof detail === "object") id = detail.display_node ?? detail.node ?? null;
     const key = nodeKey(id);
-    for (const ns of this.nodes.values()) {
+    const map = this._nodesFor((detail && typeof detail === "object" ? detail.prompt_id : null) ?? this.promptId);
+    for (const ns of map.values()) {
       if (ns.state === "running" && ns.id !== key) ns.state = ns.timing ? "done" : "stale";
     }
     if (key !== null) {
-      const ns = this.node(key);
+      const ns = this.node(key, map);
       ns.state = "running";
       ns.error = null;
       ns.seq = this._bump();
@@ -499,13 +531,14 @@ export class H3Store {
   executionEnd(kind, data) {
     const failed = kind === "execution_error";
     const failedId = failed && data && typeof data === "object" ? nodeKey(data.node_id) : null;
-    for (const ns of this.nodes.values()) {
+    const map = this._nodesFor(data?.prompt_id ?? this.promptId);
+    for (const ns of map.values()) {
       if (ns.state === "running" && ns.id !== failedId) {
         ns.state = kind === "execution_interrupted" ? "interrupted" : ns.timing ? "done" : "stale";
       }
     }
     if (failedId !== null) {
-      const ns = this.node(failedId);
+      const ns = this.node(failedId, map);
       ns.state = "error";
       ns.error = String(data.exception_message ?? data.exception_type ?? "failed");
       const rid = ns.progress?.request_id ?? null;
@@ -539,7 +572,7 @@ export class H3Store {
       if (added) this._bump();
       return added > 0;
     }
-    const ns = this.node(p.node);
+    const ns = this.node(p.node, this._nodesFor(p.prompt_id));
     if (typeof p.node_type === "string") ns.node_type = p.node_type;
     const rid = p.request_id === null || p.request_id === undefined || p.request_id === "" ? null : String(p.request_id);
     const stages = Array.isArray(p.stages) ? p.stages : [];
@@ -586,7 +619,7 @@ export class H3Store {
     const seconds = num(p.seconds) ?? 0;
     const rid = p.request_id === null || p.request_id === undefined || p.request_id === "" ? null : String(p.request_id);
     if (p.node !== null && p.node !== undefined) {
-      const ns = this.node(p.node);
+      const ns = this.node(p.node, this._nodesFor(p.prompt_id));
       if (!ns.node_type) ns.node_type = "H3RemoteDenoise";
       if (!ns.progress || ns.progress.request_id !== rid) {
         ns.progress = { request_id: rid, total: null, steps: new Map(), final: false };
