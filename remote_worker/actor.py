@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from comfy_h3_nodes.cluster.ray_cluster import ROLE_A, ROLE_B
 from comfy_h3_nodes.engine.contract import wire
 from comfy_h3_nodes.engine.contract.configs import NAMESPACE
-from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
+from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled, ModelFolderError
 from comfy_h3_nodes.engine.contract.timing import StageRecord
 from comfy_h3_nodes.engine.executor.handoff import receive, receive_payload
 from comfy_h3_nodes.engine.model import catalog, formats, parallel
@@ -407,4 +407,31 @@ def start_dit(config: dict, *, node_id: str | None = None, env: dict | None = No
         opts["get_if_exists"] = True
     if node_id is not None:
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    if get_if_exists and not _exists(opts["name"], opts["namespace"]):
+        _preflight(config, opts, float(config.get("preflight_timeout_s", 60.0)))
     return dit_actor_class(impl).options(**opts).remote(config)
+
+
+def _exists(name: str, namespace: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=namespace)
+        return True
+    except ValueError:
+        return False
+
+
+def _preflight(config: dict, opts: dict, timeout: float) -> None:
+    """Before a new DiT worker loads torch and its model: a light task where it will run checks the model path
+    (seconds instead of the actor's start), and a path it cannot load is refused with the way out."""
+    task = ray.remote(num_cpus=0)(model_roots.preflight).options(
+        resources={k: 0.001 for k in opts["resources"]}, runtime_env=opts["runtime_env"],
+        **({"scheduling_strategy": opts["scheduling_strategy"]} if "scheduling_strategy" in opts else {}))
+    ref = task.remote(config)
+    try:
+        why = ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:  # no answer (B busy starting): the actor's own load checks the same
+        ray.cancel(ref, force=True)
+        log.warning("the model check on B did not answer in %.0f s; the DiT worker checks its model itself", timeout)
+        return
+    if why:
+        raise ModelFolderError(why)

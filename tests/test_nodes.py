@@ -300,3 +300,26 @@ def test_remote_dit_node_recovers_when_its_b_actor_is_gone(local_host, tiny_ckpt
     (lat,) = asyncio.run(N.H3RemoteDenoise().denoise(second, cond, 3, 3))["result"][0]
     assert lat.latents().latents.shape == (1, 24, 37, 4, 4)
     ray.kill(second.b, no_restart=True)
+
+
+def test_remote_dit_refuses_a_model_b_lacks_before_starting_a_worker(local_host, tiny_ckpt, tmp_path):
+    """The shipped templates' /models/MiniMax-H3 on a machine without it: H3RemoteDiT (the node that owns the
+    setting) fails with the way out, before any DiT worker process loads torch; a folder without the partition too."""
+    import ray
+
+    import comfy_h3_nodes.nodes as N
+    from comfy_h3_nodes.engine.contract.errors import ModelFolderError
+
+    args = ("local", "h3_dit_nomodel", "comfy_h3")
+    with pytest.raises(ModelFolderError) as info:
+        N.H3RemoteDiT().connect(*args, str(tmp_path / "MiniMax-H3"), "transformer", "float32", "sdpa")
+    msg = str(info.value)
+    assert msg == (f"model path {tmp_path / 'MiniMax-H3'} does not exist on machine B; choose a model B has in "
+                   "H3RemoteDiT's model_path, or 'tiny-random' to try the pack without weights.")
+    import shutil
+
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_ckpt, partial, ignore=shutil.ignore_patterns("transformer"))
+    with pytest.raises(ModelFolderError, match=r"lacks the component 'transformer'.*on machine B.*'tiny-random'"):
+        N.H3RemoteDiT().connect(*args, str(partial), "transformer", "float32", "sdpa")
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("h3_dit_nomodel")]
