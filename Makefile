@@ -5,7 +5,6 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.comfy-h3-installed
 TORCH_VERSION ?= 2.13.0
-TORCHAUDIO_VERSION ?= 2.11.1
 
 .PHONY: demo test venv clean-venv bench browser-deps
 
@@ -21,10 +20,6 @@ $(STAMP): pyproject.toml
 	  fi; \
 	fi
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
-	@# torchaudio resamples reference audio (the ref2va template's 32 kHz voice). PyPI has none for torch 2.13: its
-	@# pure-Python part (resampling) works beside it once the compiled extensions, built for another torch, are gone.
-	@$(PY) -c "import torchaudio" 2>/dev/null || { $(PY) -m pip install -q --no-deps "torchaudio==$(TORCHAUDIO_VERSION)" \
-	  && rm -f $(VENV)/lib/python*/site-packages/torchaudio/lib/*.so; }
 	$(PY) -m pip install -q -e ".[test]"
 	@touch $(STAMP)
 
