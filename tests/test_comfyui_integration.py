@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import io
 import json
 import os
 import pathlib
@@ -221,6 +222,19 @@ def _decode(msg) -> dict | None:
         return json.loads(msg.data)
     if msg.type == aiohttp.WSMsgType.BINARY and len(msg.data) >= 8:
         (event,) = struct.unpack(">I", msg.data[:4])
+        if event == 1:  # a preview: [u32 image type (1 JPEG, 2 PNG)][image]
+            from PIL import Image
+
+            (kind,) = struct.unpack(">I", msg.data[4:8])
+            return {"type": "preview", "data": {"format": kind, "size": Image.open(io.BytesIO(msg.data[8:])).size,
+                                                "bytes": len(msg.data) - 8}}
+        if event == 4:  # a preview with metadata: [u32 len][json][image]
+            from PIL import Image
+
+            (n,) = struct.unpack(">I", msg.data[4:8])
+            meta = json.loads(msg.data[8:8 + n])
+            return {"type": "preview", "data": {"meta": meta, "size": Image.open(io.BytesIO(msg.data[8 + n:])).size,
+                                                "bytes": len(msg.data) - 8 - n}}
         if event == 3:  # progress_text: [u32 len][node id][text], as ComfyUI's frontend decodes it
             (n,) = struct.unpack(">I", msg.data[4:8])
             return {"type": "progress_text",
@@ -228,7 +242,8 @@ def _decode(msg) -> dict | None:
     return None
 
 
-async def _run(server: ComfyUI, api: dict, ui: dict | None = None, on_message=None, timeout: float = PROMPT_TIMEOUT):
+async def _run(server: ComfyUI, api: dict, ui: dict | None = None, on_message=None, timeout: float = PROMPT_TIMEOUT,
+               extra: dict | None = None):
     """Queue ``api`` and record the websocket until the prompt ends: ``(prompt_id, messages, history entry)``."""
     import aiohttp
 
@@ -237,9 +252,9 @@ async def _run(server: ComfyUI, api: dict, ui: dict | None = None, on_message=No
     tmo = aiohttp.ClientTimeout(total=None, sock_connect=HTTP_TIMEOUT, sock_read=HTTP_TIMEOUT)
     async with aiohttp.ClientSession(timeout=tmo) as http:
         async with http.ws_connect(f"{server.base.replace('http', 'ws', 1)}/ws?clientId={cid}", heartbeat=20) as ws:
-            body = {"prompt": api, "client_id": cid}
+            body = {"prompt": api, "client_id": cid, "extra_data": dict(extra or {})}
             if ui is not None:
-                body["extra_data"] = {"extra_pnginfo": {"workflow": ui}}
+                body["extra_data"]["extra_pnginfo"] = {"workflow": ui}
             async with http.post(f"{server.base}/prompt", json=body) as r:
                 answer = await r.json()
                 assert r.status == 200, f"POST /prompt answered {r.status}: {answer}"
@@ -473,6 +488,10 @@ def test_template_runs_to_mp4_with_tiny_random(comfyui, name, tmp_path, capsys):
     for nid in executed & set(timings):  # the node's ui output carries its records too (/history)
         assert {r["node_type"] for r in entry["outputs"][nid]["h3_timing"]} == {api[nid]["class_type"]}
         assert all(r["prompt_id"] == pid for r in entry["outputs"][nid]["h3_timing"])
+    for nid in (text_id, den_id) if n_req > 1 else ():  # a batch's nodes return first: their records follow
+        assert len(entry["outputs"][nid]["h3_timing"]) == n_req, (api[nid]["class_type"], entry["outputs"][nid])
+        assert sorted(r["summary"]["batch"][0] for r in entry["outputs"][nid]["h3_timing"]) == list(
+            range(1, n_req + 1))
     (dit,) = timings[dit_id]
     b_models = dit["summary"]["b_models"]  # embedded cluster: B searches A's model roots
     assert str(comfyui.found_model) in b_models and b_models[-1] == TINY, b_models
@@ -621,6 +640,60 @@ def test_template_with_parallel_a_plus_b_runs_to_mp4(comfyui, tmp_path):
     status, _, body = asyncio.run(_get(comfyui, "/api/h3/status"))
     groups = [a["health"].get("group") for a in json.loads(body)["actors"] if "health" in a]
     assert any(g and [r["machine"] for r in g["ranks"]] == ["A", "B"] for g in groups), groups
+
+
+@pytest.mark.parametrize("method", ["latent2rgb", "none"])
+def test_denoise_shows_live_previews_as_the_preview_method_says(comfyui, tiny_ckpt, method):
+    """ComfyUI's preview method for the prompt (what the frontend's setting sends): latent2rgb shows B's estimate on
+    H3RemoteDenoise through ComfyUI's progress bar, updating with the steps, and keeps the last one on the node;
+    none shows none."""
+    api, ui = _prompt(tiny_ckpt, steps=30, width=128, height=128, seed=7)
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui, extra={"preview_method": method}))
+    errors = _of(messages, "execution_error", pid)
+    assert not errors, f"{errors[0].get('exception_message')}\n{''.join(errors[0].get('traceback', []))}"
+    previews = [m["data"] for m in messages if m["type"] == "preview"]
+    with_preview = [p for p in _of(messages, "h3.progress", pid) if "preview" in p]
+    (den,) = [d for d in _of(messages, "h3.timing", pid) if d["node"] == "5"]
+    readout = den["summary"]["preview"]
+    if method == "none":
+        assert not previews and not with_preview and "preview method is none" in readout["note"]
+        assert "images" not in entry["outputs"]["5"]
+        return
+    # B's JPEG is 64x64 (an 8x8 latent frame, enlarged 8x); ComfyUI contains it in its preview size (512)
+    assert len(previews) >= 2 and all(p["size"] == (512, 512) for p in previews), previews[:3]
+    steps = [p["preview"]["step"] for p in with_preview]
+    assert len(steps) == len(previews) and steps == sorted(set(steps)) and steps[-1] == 29, steps
+    assert all((p["preview"]["width"], p["preview"]["height"]) == (64, 64) and p["preview"]["bytes"] < 8192
+               for p in with_preview)
+    assert readout["count"] >= len(previews) and readout["source"] == "ComfyUI latent_formats.MiniMaxH3Video"
+    (kept,) = entry["outputs"]["5"]["images"]  # the last preview stays on the node
+    assert kept["type"] == "temp" and kept["filename"].startswith("h3_preview_5_")
+    status, ctype, body = asyncio.run(_get(comfyui, f"/view?filename={kept['filename']}&type=temp"))
+    assert status == 200 and body[:2] == b"\xff\xd8"
+
+
+def test_errors_read_as_one_sentence_on_the_node_that_owns_the_setting(comfyui, tiny_ckpt, tmp_path):
+    """A model path B lacks fails on H3RemoteDiT, a missing LoRA on H3LoRA, each as a built-in exception type with
+    the sentence (no module path, no ANSI codes, no object reprs)."""
+    api, ui = _prompt(tiny_ckpt)
+    api["2"]["inputs"]["model_path"] = str(tmp_path / "MiniMax-H3")
+    pid, messages, _ = asyncio.run(_run(comfyui, api, ui))
+    (err,) = _of(messages, "execution_error", pid)
+    assert err["node_id"] == "2" and err["node_type"] == "H3RemoteDiT", err
+    assert err["exception_type"] == "ValueError", err["exception_type"]
+    assert err["exception_message"] == (f"model path {tmp_path / 'MiniMax-H3'} does not exist on machine B; choose a "
+                                        "model B has in H3RemoteDiT's model_path, or 'tiny-random' to try the pack "
+                                        "without weights.")
+    api, ui = _with_tiny(*_template("h3_t2va_turbo"))
+    (lora_id,) = _ids(api, "H3LoRA")
+    api[lora_id]["inputs"]["lora_path"] = str(tmp_path / "turbo.safetensors")
+    pid, messages, _ = asyncio.run(_run(comfyui, api, ui))
+    (err,) = _of(messages, "execution_error", pid)
+    assert err["node_id"] == lora_id and err["exception_type"] == "RuntimeError", err
+    assert "turbo.safetensors does not exist on machine B" in err["exception_message"]
+    assert "'tiny-random'" in err["exception_message"] and "\x1b" not in err["exception_message"]
+    ran = {d["node"] for d in _of(messages, "executing", pid) if d["node"] is not None}
+    assert not any(api[n]["class_type"] == "H3RemoteDenoise" for n in ran)  # refused before any request
 
 
 def test_bad_inputs_are_refused_by_post_prompt(comfyui, tiny_ckpt):
