@@ -89,6 +89,15 @@ def test_step_overhead_smoke(tiny_ckpt, capsys):
     assert "hook" in table
 
 
+def test_preview_smoke(capsys):
+    out, table = _run(["preview", "--quick", "--json"], capsys)
+    shapes = out["shapes"]
+    assert set(shapes) == {"1344x768x124/noise", "1344x768x124/smooth", "1344x768x345/noise", "1344x768x345/smooth"}
+    assert all(r["image"] == [84, 48] and 0 < r["jpeg_bytes"] < 16384 and r["cost_ms"] > 0 for r in shapes.values())
+    assert shapes["1344x768x345/noise"]["latent_grid"] == [102, 48, 84] and isinstance(out["met"], bool)
+    assert "% of a 31.4 s step" in table
+
+
 def test_warm_smoke(ray_cluster, tiny_ckpt, capsys):
     out, table = _run(["warm", "--quick", "--ckpt", str(tiny_ckpt), "--json"], capsys)
     assert out["bench"] == "warm"

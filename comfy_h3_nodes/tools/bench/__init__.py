@@ -16,6 +16,7 @@ Verbs (each starts the embedded two-node Ray cluster, or reuses the one this pro
 * ``decode``: one request's video decode by A alone versus split with B (``decode_on`` ``A`` vs ``A+B``, shares
   from the measured clip times) at 124 and 345 frames, each actor pinned to one CPU thread, with a larger random video
   VAE (the real diffusers class, random weights, built here) so the decode is compute-bound like the released one.
+* ``preview``: B's cost and the bytes of one live preview at 1344x768 with 124 and 345 frames, against a step.
 * ``all``: every bench above in one cluster.
 
 ``--json`` makes the LAST line of output one JSON object; ``--quick`` shrinks counts for the smoke test.
@@ -31,7 +32,7 @@ import json
 import os
 
 from .. import runner
-from . import batch, decode, handoff, memory, parallel, pipeline, pool, step
+from . import batch, decode, handoff, memory, parallel, pipeline, pool, preview, step
 from .common import DEFAULT_SYNTHETIC, cluster, tiny_checkpoint
 
 
@@ -76,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     po = common(sub.add_parser("pool", help="B-bound requests through a pool of 1, then 2 DiT workers (bench_pool)"))
     po.add_argument("--requests", type=int, default=None, help="requests per run (default 8; quick 3)")
     po.add_argument("--ckpt", default=None)
+    pv = common(sub.add_parser("preview", help="one live preview's cost on B and its bytes, at real size"))
+    pv.add_argument("--repeats", type=int, default=None, help="measured previews per shape (default 50; quick 3)")
     a = common(sub.add_parser("all", help="every bench, one cluster"))
     a.add_argument("--repeats", type=int, default=None)
     a.add_argument("--requests", type=int, default=None)
@@ -107,6 +110,11 @@ def main(argv: list[str]) -> int:
         res = parallel.run_parallel(args.repeats or (1 if quick else 3), args.steps, quick, log)
         if args.json:
             print(json.dumps(res), flush=True)  # exactly {"ranks": {...}, "speedup": ..., "shape": {...}}
+        return 0
+    if verb == "preview":  # no cluster: B's own computation
+        res = preview.run_preview(args.repeats or (3 if quick else 50), log)
+        if args.json:
+            print(json.dumps(res), flush=True)
         return 0
     if verb == "pool":  # its own three-node cluster: .pool
         res = pool.run_pool(args.requests or (3 if quick else 8), ckpt=args.ckpt and tiny_checkpoint(args.ckpt), log=log)
