@@ -29,7 +29,6 @@ from comfy_h3_nodes.engine.contract.timing import StageRecord
 from comfy_h3_nodes.engine.executor.handoff import receive, receive_payload
 from comfy_h3_nodes.engine.model import catalog, formats, parallel
 from comfy_h3_nodes.engine.model.backends import resolve_attention_backend
-from comfy_h3_nodes.engine.model.folders import b_components, check_model_dir
 from comfy_h3_nodes.engine.process import ResidentActorMixin, base_health, runtime_env, setup_process
 
 from . import model_roots
@@ -318,12 +317,13 @@ class DiTActorImpl(ResidentActorMixin):
             return {"changed": {}, "seconds": 0.0}
         t0 = time.perf_counter()
         resolve_attention_backend(new.get("attention_backend", "sdpa"))  # a missing flash-attn fails here, loaded
+        why = model_roots.preflight(new)  # roots, existence, a folder's partition: the node's sentence
+        if why:
+            raise ModelFolderError(why)
         if not catalog.is_tiny(new["model_dir"]):
             path, partition = model_roots.enforce(new), new.get("partition", "transformer")
             if path.is_file():
                 formats.detect(path, partition)  # a transformer file: refused here if it is not one B can load
-            else:
-                check_model_dir(path, b_components(partition))
         old = self.config
         self.side = None  # drop the old model first: B's memory holds one
         try:

@@ -324,3 +324,21 @@ def test_remote_dit_refuses_a_model_b_lacks_before_starting_a_worker(local_host,
     with pytest.raises(ModelFolderError, match=r"lacks the component 'transformer'.*on machine B.*'tiny-random'"):
         N.H3RemoteDiT().connect(*args, str(partial), "transformer", "float32", "sdpa")
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("h3_dit_nomodel")]
+
+
+def test_remote_dit_names_the_missing_model_when_b_runs_another(local_host, tiny_ckpt, tmp_path):
+    """A running worker asked for a model B lacks keeps serving its own, and the node says both."""
+    import comfy_h3_nodes.nodes as N
+    from comfy_h3_nodes.engine.contract.errors import ModelFolderError
+
+    args = ("local", "h3_dit_switch", "comfy_h3")
+    dit = N.H3RemoteDiT().connect(*args, str(tiny_ckpt), "transformer", "float32", "sdpa")["result"][0]
+    with pytest.raises(ModelFolderError) as info:
+        N.H3RemoteDiT().connect(*args, str(tmp_path / "gone"), "transformer", "float32", "sdpa")
+    assert str(info.value) == (f"model path {tmp_path / 'gone'} does not exist on machine B; choose a model B has in "
+                               "H3RemoteDiT's model_path, or 'tiny-random' to try the pack without weights (B serves "
+                               f"{tiny_ckpt} now and keeps serving it).")
+    import ray
+
+    assert ray.get(dit.b.health.remote(), timeout=30)["ok"]
+    ray.kill(dit.b, no_restart=True)
