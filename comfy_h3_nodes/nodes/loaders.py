@@ -49,7 +49,7 @@ class H3LoadEncoders:
             raise ModelFolderError(err)
         enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend)
         loads = sum(r.seconds for r in enc.load_records) if loaded_now else 0.0
-        what = TINY if catalog.is_tiny(model_path) else str(enc.model_dir)
+        what = catalog.tiny_name(model_path) if catalog.is_tiny(model_path) else str(enc.model_dir)
         plan = getattr(enc, "memory_plan", None)
         rec = local_record("load", t0, w0, load_s=loads,
                            note=("loaded" if loaded_now else "resident") + f" {what}: {', '.join(enc.resident())}"
@@ -158,7 +158,7 @@ def connection_readout(ex) -> tuple[str, dict]:
 
 def b_config_text(b: dict) -> str:
     """What B serves: model, partition(s) resident, dtype and attention backend."""
-    model = TINY if catalog.is_tiny(b.get("model", "")) else b.get("model_dir", "?")
+    model = catalog.tiny_name(b["model"]) if catalog.is_tiny(b.get("model", "")) else b.get("model_dir", "?")
     held = (b.get("memory_plan") or {}).get("resident_partitions") or [b["partition"]]
     return (f"{model}, {' + '.join(held)}, {b['dtype']}, precision {b.get('precision') or 'auto'}, "
             f"attention {b.get('attention_choice') or b['attention_backend']}")
