@@ -210,7 +210,7 @@ class BSide:
         report["residency"] = self.residency
         report["resident_partitions"] = list(self.resident_partitions)
         report["measured_bytes"] = self.resident_bytes()
-        report["sources"] = {p: {"kind": s.kind, "path": str(s.path), "vsa": s.vsa.to_dict() if s.vsa else None}
+        report["sources"] = {p: {"kind": s.kind, "path": str(s.path), **({"vsa": s.vsa.to_dict()} if s.vsa else {})}
                              for p, s in self.sources.items()}
         report["video_vae"] = {**self.decoder_info(),
                                "plan": self.decoder_plan.to_dict() if self.decoder_plan is not None else None}

@@ -30,7 +30,7 @@ class H3LoadEncoders:
         session.A_MODEL_ROOTS[:] = host().model_folders()  # what /h3/status lists as A's models
         models = catalog.choices(session.A_MODEL_ROOTS)
         return {"required": {
-            "model_path": (models, {"default": models[0], "tooltip": (
+            "model_path": (models, {"default": catalog.default_choice(models), "tooltip": (
                 "diffusers MiniMax-H3 folder on A (found under ComfyUI's models/diffusers; a typed path works too). "
                 f"'{TINY}' is a tiny random model built on first use: try the pack without weights.")}),
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
@@ -87,7 +87,7 @@ class H3RemoteDiT:
                 "worker `remote_worker setup --name h3_dit...` started). Each request goes to the worker that can "
                 "start it soonest; a worker lost mid-request hands it to another")}),
             "namespace": ("STRING", {"default": "comfy_h3"}),
-            "model_path": (models, {"default": models[0], "tooltip": (
+            "model_path": (models, {"default": catalog.default_choice(models), "tooltip": (
                 "model on machine B: the list is what B reported at the last connection (run once, then Refresh); "
                 f"a typed path on B works too. '{TINY}' is a tiny random model B builds on first use.")}),
             "partition": (list(PARTITIONS), {"default": "transformer", "tooltip": (

@@ -151,6 +151,11 @@ def choices(roots: Iterable[str | os.PathLike]) -> list[str]:
     return [*find_models(roots), *TINY_CHOICES]
 
 
+def default_choice(choices: list[str]) -> str:
+    """A picker's default: the first model found, else ``tiny-random`` (the one that runs with the default steps)."""
+    return next((c for c in choices if not is_tiny(c)), TINY)
+
+
 def same_model(a: str, b: str) -> bool:
     """Whether two choices name the same model (a tiny choice only equals itself; paths compare resolved)."""
     if is_tiny(a) or is_tiny(b):
