@@ -149,7 +149,7 @@ def options_of(args) -> pf.Options:
                       attention_backend=args.attention_backend, object_store_mb=args.object_store_mb,
                       temp_dir=args.temp_dir or rn.DEFAULT_TEMP["b"], model_roots=model_roots_of(args),
                       expect_versions=args.expect_versions, precision=args.precision, residency=args.residency,
-                      sources=_sources_of(args))
+                      sources=_sources_of(args), vsa_kernel=getattr(args, "vsa_kernel", None))
 
 
 def _sources_of(args) -> dict:

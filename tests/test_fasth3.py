@@ -277,3 +277,22 @@ def test_two_node_refuses_other_step_counts_before_encoding(fasth3_executor, med
                                       r"transformer forwards\) and the request asks for 3 steps: set steps to 5\."):
         fasth3_executor.generate(workflow_request("t2va", media, steps=3)[0])
     assert len(fasth3_executor.timings.records()) == encodes  # nothing ran: no encode, no transfer
+
+
+def test_preflight_names_the_fasth3_model_and_its_kernel(tiny_fasth3, capsys):
+    from remote_worker import cli
+
+    def run(*extra):
+        cli.main(["preflight", "--head", "127.0.0.2:9", "--allow-cpu", "--model-path", str(tiny_fasth3), *extra])
+        return capsys.readouterr().out
+
+    out = run()
+    source = next(ln for ln in out.splitlines() if "transformer source" in ln)
+    assert source.strip().startswith("PASS") and "FastH3 v1 (VSA-H3): sparsity 0.9, tile 64" in source
+    kernel = next(ln for ln in out.splitlines() if "vsa kernel" in ln)
+    assert kernel.strip().startswith("PASS") and "torch (kept tiles gathered into SDPA" in kernel
+    out = run("--vsa-kernel", "triton")
+    lines = out.splitlines()
+    i = next(i for i, ln in enumerate(lines) if "vsa kernel" in ln)
+    assert lines[i].strip().startswith("FAIL") and "'triton' runs on CUDA GPUs only" in lines[i]
+    assert "--vsa-kernel torch" in lines[i + 1]
