@@ -66,6 +66,9 @@ def test_settings_come_from_fastvideo_inference_json_then_the_release(tiny_fasth
     s = formats.detect(folder, "transformer").vsa
     assert (s.sparsity, s.tile_size, s.release) == (0.8, 256, "v1")  # key by key: vsa block, then the json
     assert s.source == "config.json `vsa` + fastvideo_inference.json, the rest v1 defaults"
+    _edit_config(folder, lambda c: c.update(VSA_sparsity=0.7, num_inference_steps=6))  # FastVideo's names in it
+    s = formats.detect(folder, "transformer").vsa
+    assert (s.sparsity, s.steps, s.tile_size) == (0.8, 6, 256)  # the vsa block first, then config.json's names
 
 
 @pytest.mark.parametrize("block,match", [

@@ -21,6 +21,7 @@ from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3AudioRefe
 
 import fastvideo_ref
 from comfy_h3_nodes.engine.model import vsa
+from comfy_h3_nodes.engine.model.backends import AttentionBackendError
 from comfy_h3_nodes.engine.model.vsa_kernels import TorchKernel
 
 F = torch.nn.functional
@@ -125,6 +126,21 @@ def test_torch_kernel_takes_any_tile_mask():
     ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=vsa.token_mask(mask, geo)).transpose(1, 2)
     assert (out - ref).abs().max() < 1e-12
+
+
+def test_fastvideo_kernel_adapter_feeds_the_padded_tile_layout():
+    """The CUDA kernels' adapter (padded [B, n * E, H, D] buffers, BHSD entry, rows gathered back), run here with the
+    kernels' contract in plain PyTorch in place of the CUDA kernel: it equals the torch kernel."""
+    from comfy_h3_nodes.engine.model.vsa_kernels import FastVideoKernel, bhsd_entry
+
+    geo = vsa.geometry((70, 5, 130), (9, 10, 13), 64)
+    q, k, v, gate = _qkvg(geo, heads=2, dim=64, dtype=torch.float64)
+    contract = FastVideoKernel("contract", "the kernels' contract", bhsd_entry(_kernel_contract(64)), None)
+    out, mask = vsa.vsa_attention(q, k, v, gate, geo, 0.8, True, contract)
+    ref, _ = vsa.vsa_attention(q, k, v, gate, geo, 0.8, True, TorchKernel())
+    assert not bool(mask.all()) and (out - ref).abs().max() < 1e-12
+    with pytest.raises(AttentionBackendError, match="head_dim 64 or 128, not 16"):
+        contract.run(*_qkvg(geo)[:3], mask, geo, vsa.sdpa)  # head_dim 16
 
 
 # ---------------------------------------------------------------------------------------------------- layout

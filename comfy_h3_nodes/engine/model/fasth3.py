@@ -16,10 +16,11 @@ reads them, key by key, from the first place that has them:
                "shift": 12.0, "audio_shift": 3.0, "dense_layers": []}
 
    (unknown keys in it are refused: a typo must not fall back to a default);
-2. ``fastvideo_inference.json`` in the transformer folder, else in the checkpoint folder, with FastVideo's own argument
-   names: ``VSA_sparsity``, ``VSA_tile_size``, ``vsa_mode``, ``num_inference_steps``, ``vsa_dense_layers``, and
+2. FastVideo's own argument names at the top of that ``config.json``: ``VSA_sparsity``, ``VSA_tile_size``,
+   ``vsa_mode``, ``num_inference_steps``, ``vsa_dense_layers`` (:data:`INFERENCE_KEYS`);
+3. ``fastvideo_inference.json`` in the transformer folder, else in the checkpoint folder, with the same names and
    ``release``, ``shift``, ``audio_shift`` (its other keys are FastVideo's business and ignored);
-3. the release's defaults (:data:`RELEASES`; ``release`` defaults to ``v1``).
+4. the release's defaults (:data:`RELEASES`; ``release`` defaults to ``v1``).
 
 ``steps`` counts sigma points, as the pack's ``steps`` input and FastVideo's ``num_inference_steps`` do: N points run
 N - 1 transformer forwards. A request for another count is refused (:meth:`VSASettings.check_steps`): a distilled
@@ -171,6 +172,9 @@ def read_settings(folder: pathlib.Path, config: dict, gates: int, where: str | N
         if key in block:
             values[key], origin = block[key], f"{where}/config.json `vsa`.{key}"
             sources.add("config.json `vsa`")
+        elif fv_key.startswith(("VSA_", "vsa_", "num_")) and fv_key in config:
+            values[key], origin = config[fv_key], f"{where}/config.json `{fv_key}`"
+            sources.add("config.json")
         elif fv_key in inference:
             values[key], origin = inference[fv_key], f"{inference_path} `{fv_key}`"
             sources.add(inference_path.name)

@@ -352,7 +352,7 @@ def detect(path: str | os.PathLike, partition: str = "transformer",
         for f in files:
             tensors.update(read_safetensors_header(f)[0])
         vsa = fasth3.detect(p, config, tensors, str(p))
-        _check_vsa_config({k: v for k, v in config.items() if vsa is None or k != "vsa"}, str(p))
+        _check_vsa_config(config if vsa is None else {"_class_name": config.get("_class_name")}, str(p))
         kind = classify_keys(list(tensors), str(p), vsa_ok=vsa is not None)
         if kind != "diffusers":
             raise FormatError(f"{p} holds the published single-file layout in a diffusers folder; give the file "

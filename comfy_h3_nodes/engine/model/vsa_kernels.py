@@ -96,8 +96,6 @@ class FastVideoKernel:
         fn = self._fn.get(geo.tile_size)
         if fn is None:
             raise AttentionBackendError(f"VSA kernel {self.name!r} has no {geo.tile_size}-token tile path here.")
-        if not q.is_cuda:
-            raise AttentionBackendError(f"VSA kernel {self.name!r} runs on CUDA tensors only (got {q.device}).")
         if q.shape[-1] not in (64, 128):
             raise AttentionBackendError(f"VSA kernel {self.name!r} takes head_dim 64 or 128, not {q.shape[-1]}.")
         b, s, h, d = q.shape
@@ -117,6 +115,15 @@ def _import(kernel: str, module: str):
             f"to 'torch' (B's vsa_kernel setting or ${ENV}).") from exc
 
 
+def bhsd_entry(fn):
+    """A 64-token block-sparse entry of FastVideo's (``fn(q, k, v, mask, vbs) -> (out, aux)`` on [B, H, S, D]) as the
+    [B, S, H, D] function :class:`FastVideoKernel` calls."""
+    def run(q, k, v, mask, vbs):
+        out, _ = fn(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), mask, vbs)
+        return out.transpose(1, 2)
+    return run
+
+
 def _fastvideo_kernels(name: str, tile_sizes) -> FastVideoKernel:
     fn256 = None
     if 256 in tile_sizes:
@@ -126,19 +133,14 @@ def _fastvideo_kernels(name: str, tile_sizes) -> FastVideoKernel:
     if name == "triton":
         index = _import(name, "fastvideo_kernel.triton_kernels.index")
 
-        def fn64(q, k, v, mask, vbs):
+        def triton(q, k, v, mask, vbs):
             q2k_idx, q2k_num = index.map_to_index(mask)
-            o, _ = bsa.block_sparse_attn_triton(*(t.transpose(1, 2).contiguous() for t in (q, k, v)),
-                                                q2k_idx.to(torch.int32).contiguous(),
+            return bsa.block_sparse_attn_triton(q, k, v, q2k_idx.to(torch.int32).contiguous(),
                                                 q2k_num.to(torch.int32).contiguous(), vbs)
-            return o.transpose(1, 2)
 
-        label = "triton (fastvideo_kernel block_sparse_attn_triton)"
+        fn64, label = bhsd_entry(triton), "triton (fastvideo_kernel block_sparse_attn_triton)"
     else:
-        def fn64(q, k, v, mask, vbs):
-            o, _ = bsa.block_sparse_attn(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), mask, vbs)
-            return o.transpose(1, 2)
-
+        fn64 = bhsd_entry(bsa.block_sparse_attn)
         label = "fastvideo (fastvideo_kernel block_sparse_attn: ThunderKittens on sm_90 builds, else Triton)"
     version = getattr(importlib.import_module("fastvideo_kernel"), "__version__", "?")
     return FastVideoKernel(name, f"{label} {version}", fn64, fn256)
