@@ -233,6 +233,14 @@ def test_the_gates_and_the_sparsity_change_the_output(tiny_fasth3):
     assert min(float((a - b).abs().max()) for a, b in zip(out, _forward(model))) > 1e-3
 
 
+def test_the_layout_is_read_however_the_forward_is_called(tiny_fasth3):
+    model, state = _tiny_vsa_model(tiny_fasth3, TorchKernel())
+    pos, tags, vid, aud, txt, _, _ = MiniMaxH3PrepareLayoutStep.build_packed_sequence(**_layout_step_args(8, 5, 4, 4))
+    state.pre_hook(model, (torch.zeros(1, vid.numel(), 96), torch.zeros(1, aud.numel(), 32), torch.zeros(1, 8, 32),
+                           torch.zeros(1), torch.zeros(pos.shape[0], dtype=torch.long), tags, pos, vid, aud, txt), {})
+    assert state.geometry.layout == vsa.Layout((8, 0, 26), (5, 2, 2))  # positional arguments, as a caller may pass
+
+
 def test_the_processor_never_runs_without_its_layout(tiny_fasth3):
     model, state = _tiny_vsa_model(tiny_fasth3, TorchKernel())
     block = model.transformer_blocks[0]

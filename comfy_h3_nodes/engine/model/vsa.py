@@ -271,8 +271,8 @@ class VSAState:
 
 
 def _bind(module, args, kwargs) -> dict:
-    sig = _signature(type(module))
-    return sig.bind_partial(*args, **kwargs).arguments
+    """The forward's arguments by name, however the caller passed them (diffusers' denoiser: all by keyword)."""
+    return _signature(type(module)).bind_partial(module, *args, **kwargs).arguments
 
 
 @functools.lru_cache(maxsize=4)
@@ -300,6 +300,9 @@ class H3VSAProcessor:
                                  "run (call the transformer itself, not its blocks).")
         if attention_mask is not None:
             raise VSALayoutError("VSA-H3 takes no attention mask (MiniMax-H3 packs one document per sequence).")
+        if self._parallel_config is not None:
+            raise VSALayoutError("VSA-H3 tiles the whole packed sequence: it does not run under diffusers' context "
+                                 "parallelism (a split sequence); run the FastH3 transformer on one device.")
         if attn.fused_projections:
             query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
         else:
