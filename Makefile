@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml
 	fi
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install -q -e ".[test]"
+	@# test-only: FastVideo's own VSA-H3 code, the reference of tests/test_vsa.py. Without its dependencies (it pins
+	@# torch 2.12 and pulls CUDA torchvision) and off sys.path: tests/fastvideo_ref.py loads its two VSA modules.
+	@test -d $(VENV)/fastvideo-ref/fastvideo || $(PY) -m pip install -q --no-deps --target $(VENV)/fastvideo-ref "fastvideo==0.2.1"
 	@touch $(STAMP)
 
 # Chromium and Node.js for the web tests, checked before the (slow) venv build

@@ -64,7 +64,8 @@ def build_side(config: dict, side_class: type = BSide, **extra) -> BSide:
                  allow_swap=config.get("allow_swap", True), path_check=path_check,
                  precision=config.get("precision") or "auto", residency=config.get("residency") or "auto",
                  sources=sources, memory_limit_bytes=config.get("memory_limit_bytes"),
-                 decoder=config.get("decoder") or "auto", machine=config.get("role") or "B", **extra)
+                 decoder=config.get("decoder") or "auto", machine=config.get("role") or "B",
+                 vsa_kernel=config.get("vsa_kernel"), **extra)
 
 
 class DiTActorImpl(ResidentActorMixin):
@@ -299,7 +300,7 @@ class DiTActorImpl(ResidentActorMixin):
                 "partition": self.side.partition, "resident": sorted(self.side.resident()),
                 "dtype": self.side.dtype, "attention_backend": self.config.get("attention_backend", "sdpa"),
                 "precision": self.config.get("precision") or "auto",
-                "swapped_s": round(swap_s, 4)}
+                "swapped_s": round(swap_s, 4), "vsa": self.side.vsa_info() or None}
 
     @ray.method(concurrency_group="denoise")
     def reconfigure(self, changes: dict) -> dict:
@@ -354,7 +355,7 @@ class DiTActorImpl(ResidentActorMixin):
         roots = (model_roots.parse_roots(self.config.get("model_roots"))
                  + model_roots.parse_roots(os.environ.get(model_roots.ENV)))
         search = roots or list(search_roots or [])
-        models = [*catalog.find_models(search), *catalog.find_transformer_files(search), catalog.TINY]
+        models = [*catalog.find_models(search), *catalog.find_transformer_files(search), *catalog.TINY_CHOICES]
         return {"models": models, "roots": roots or None}
 
     @ray.method(concurrency_group="control")
@@ -367,6 +368,7 @@ class DiTActorImpl(ResidentActorMixin):
         info["attention_choice"] = self.config.get("attention_backend", "sdpa")
         info["partition"] = self.side.partition
         info["text_dim"] = self.side.text_dim
+        info["trained_steps"] = self.side.trained_steps()  # FastH3 partitions: the only step count they take
         info["video_vae"] = self.side.decoder_info()  # can B take a split-decode share (and at which dtype)
         info["memory_plan"] = self.side.memory_report()  # the plan B loaded by, and what it measures it holds
         info["recent"] = list(self.recent)[-10:]

@@ -15,7 +15,7 @@ from comfy_h3_nodes.engine.model import catalog
 
 def setup_argv(args, parser) -> list[str]:
     """The `setup` command line the service runs, with absolute paths."""
-    model = catalog.TINY if catalog.is_tiny(args.model_path) else os.path.abspath(os.path.expanduser(args.model_path))
+    model = catalog.tiny_name(args.model_path) if catalog.is_tiny(args.model_path) else os.path.abspath(os.path.expanduser(args.model_path))
     out = ["setup", "--head", args.head, "--model-path", model]
     defaults = vars(parser.parse_args(["setup", "--head", "x:1", "--model-path", "x"]))
     skip = {"verb", "head", "model_path", "output", "user", "block", "json"}

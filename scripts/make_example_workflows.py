@@ -24,6 +24,8 @@ OUT = ROOT / "example_workflows"
 #: The first screen a template must fit in (a laptop's ComfyUI canvas, without the side and top bars), the free border
 #: kept around the nodes on it (screen pixels), and the title bar LiteGraph draws above a node's ``pos``.
 VIEW_W, VIEW_H, VIEW_MARGIN, TITLE_H = 1280, 720, 40, 30
+#: where the FastH3 template expects FastVideo's FastH3 checkpoint (a diffusers folder with VSA gates)
+FASTH3_MODEL_PATH = "/models/FastH3"
 PROMPT = ("A red fox trots across a snowy meadow at dawn, breath steaming; soft wind, crunching snow and a distant "
           "crow call.")
 
@@ -91,11 +93,11 @@ def build(name: str, nodes: list[tuple]) -> dict:
 
 
 def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0), steps: int = 50,
-           denoise_conns: dict | None = None) -> list[tuple]:
+           denoise_conns: dict | None = None, model: str = DEFAULT_MODEL_PATH) -> list[tuple]:
     return [
-        (1, "H3LoadEncoders", (0, 0), [DEFAULT_MODEL_PATH, "bfloat16", "sdpa"], {}),
+        (1, "H3LoadEncoders", (0, 0), [model, "bfloat16", "sdpa"], {}),
         (2, "H3RemoteDiT", (0, 300),
-         ["local", "h3_dit", "comfy_h3", DEFAULT_MODEL_PATH, partition, "bfloat16", "sdpa", "auto", "off"], {}),
+         ["local", "h3_dit", "comfy_h3", model, partition, "bfloat16", "sdpa", "auto", "off"], {}),
         (3, "H3TextEncode", (400, 0), [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),
         (5, "H3RemoteDenoise", (800, 0), [42, "fixed", steps, 2],
          {"dit": dit, "conditioning": (3, 0), **(denoise_conns or {})}),
@@ -139,6 +141,8 @@ def main() -> None:
     write_media()
     flows = {
         "h3_t2va": common("transformer", 832, 480, {}),
+        # FastH3 v1: 5 sigma points (4 forwards), the schedule its checkpoint was trained for; B runs VSA-H3
+        "h3_fasth3_t2va": common("transformer", 832, 480, {}, steps=5, model=FASTH3_MODEL_PATH),
         "h3_t2va_turbo": common("transformer", 832, 480, {}, dit=(11, 0), steps=4) + [
             (11, "H3LoRA", (400, 300), ["/models/loras/h3_turbo_4step.safetensors", 1.0], {"dit": (2, 0)}),
         ],

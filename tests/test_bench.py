@@ -108,6 +108,19 @@ def test_warm_smoke(ray_cluster, tiny_ckpt, capsys):
     assert "second" in table
 
 
+def test_vsa_smoke(capsys):
+    """``bench vsa``: one JSON line with VSA-H3 and dense attention times, the sparsity it ran at, and the sparse output
+    checked against dense attention restricted to the kept tiles (a fact, unlike the times)."""
+    out, table = _run(["vsa", "--quick", "--json"], capsys)
+    assert out["bench"] == "vsa" and out["quick"] is True and out["sparsity"] == 0.9 and out["tile_size"] == 64
+    assert out["tiles"] == {"prefix": 10, "video": 48, "kept_video_per_query_tile": 5}
+    assert out["dense_s"] > 0 and out["vsa_s"] > 0 and out["speedup"] == pytest.approx(out["dense_s"] / out["vsa_s"],
+                                                                                      rel=1e-2)
+    assert out["max_abs_diff"] < 1e-5 and out["kernel"].startswith("torch") and "sparsity 0.9" in table
+    dense, _ = _run(["vsa", "--quick", "--json", "--sparsity", "0", "--repeats", "1"], capsys)
+    assert dense["tiles"]["kept_video_per_query_tile"] == 48
+
+
 def test_cli_dispatch():
     """``python -m comfy_h3_nodes bench`` reaches bench.main (the verb needs no cluster)."""
     proc = subprocess.run([sys.executable, "-m", "comfy_h3_nodes", "bench", "step-overhead", "--quick",

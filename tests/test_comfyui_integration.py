@@ -10,7 +10,8 @@ repository, and only this pack is loaded. ``H3RemoteDiT`` with ``cluster_address
 two-node Ray cluster inside the ComfyUI process; ComfyUI and everything it started are killed at the end.
 
 The templates in example_workflows/ run as shipped (canvas, frames, steps) except for the pickers: ``tiny-random`` on
-``H3LoadEncoders`` and ``H3RemoteDiT`` (and ``H3LoRA``), ``cluster_address`` ``local``; their inputs are copied into
+``H3LoadEncoders`` and ``H3RemoteDiT`` (and ``H3LoRA``; a FastH3 template: ``tiny-random-fasth3``),
+``cluster_address`` ``local``; their inputs are copied into
 the test's ComfyUI input folder and the tiny model is built on first use into the test's own ``H3_CACHE``. The issue's
 goal is each template to an MP4 in <= 120 s on a 2-core CPU machine: every template's wall time is printed, and
 asserted only with ``H3_TEMPLATE_MAX_S=<seconds per video>`` (on a shared machine the time depends on the other work). A
@@ -58,6 +59,7 @@ H3_NODES = {"1": "H3LoadEncoders", "2": "H3RemoteDiT", "3": "H3TextEncode", "5":
 EXAMPLES = REPO / "example_workflows"
 TEMPLATES = sorted(p.stem for p in EXAMPLES.glob("*.json"))
 TINY = "tiny-random"
+TINY_FASTH3 = "tiny-random-fasth3"  # a FastH3 template's pickers: the tiny model in FastH3's layout
 #: what a user changes in a template to try the pack without weights (everything else stays as shipped)
 PICKERS = {"H3LoadEncoders": {"model_path": TINY}, "H3RemoteDiT": {"model_path": TINY, "cluster_address": "local"},
            "H3LoRA": {"lora_path": TINY}}
@@ -379,18 +381,25 @@ def _template(name: str) -> tuple[dict, dict]:
     return api, ui
 
 
-def _with_tiny(api: dict, ui: dict) -> tuple[dict, dict]:
-    """The template with the pickers a newcomer changes (``PICKERS``), in the prompt and in the saved workflow."""
+def _tiny_of(name: str) -> str:
+    return TINY_FASTH3 if "fasth3" in name else TINY
+
+
+def _with_tiny(api: dict, ui: dict, tiny: str = TINY) -> tuple[dict, dict]:
+    """The template with the pickers a newcomer changes (``PICKERS``, with ``tiny`` for the models), in the prompt and
+    in the saved workflow."""
     from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
     from comfy_h3_nodes.tools.runner import widget_names
 
+    pickers = {k: {n: (tiny if v == TINY and n == "model_path" else v) for n, v in d.items()}
+               for k, d in PICKERS.items()}
     api, ui = copy.deepcopy(api), copy.deepcopy(ui)
     for node in api.values():
-        node["inputs"].update(PICKERS.get(node["class_type"], {}))
+        node["inputs"].update(pickers.get(node["class_type"], {}))
     for node in ui["nodes"]:
-        if node["type"] in PICKERS:
+        if node["type"] in pickers:
             names = widget_names(NODE_CLASS_MAPPINGS[node["type"]])
-            for name, value in PICKERS[node["type"]].items():
+            for name, value in pickers[node["type"]].items():
                 node["widgets_values"][names.index(name)] = value
     return api, ui
 
@@ -452,7 +461,8 @@ def test_template_runs_to_mp4_with_tiny_random(comfyui, name, tmp_path, capsys):
     on H3RemoteDenoise, and each request's stages in /h3/timings. The first template is a newcomer's first run: its
     time includes starting the embedded Ray cluster and building tiny-random on A and on B."""
     shipped, _ = _template(name)
-    api, ui = _with_tiny(*_template(name))
+    tiny = _tiny_of(name)
+    api, ui = _with_tiny(*_template(name), tiny)
     (enc_id,), (dit_id,), (text_id,) = _ids(api, "H3LoadEncoders"), _ids(api, "H3RemoteDiT"), _ids(api, "H3TextEncode")
     (den_id,), (dec_id,), (save_id,) = _ids(api, "H3RemoteDenoise"), _ids(api, "H3Decode"), _ids(api, "H3SaveVideo")
     width, height, frames = (shipped[text_id]["inputs"][k] for k in ("width", "height", "num_frames"))
@@ -504,12 +514,14 @@ def test_template_runs_to_mp4_with_tiny_random(comfyui, name, tmp_path, capsys):
         den = t["summary"]
         assert den["machine"] == "B" and den["a_to_b"]["bytes"] > 0 and den["b_to_a"]["bytes"] > 0, den
         ran_on = den["ran"]
-        assert ran_on["model"] == TINY and ran_on["dtype"] == api[dit_id]["inputs"]["dtype"], ran_on
+        assert ran_on["model"] == tiny and ran_on["dtype"] == api[dit_id]["inputs"]["dtype"], ran_on
         want_partition = "transformer_ref" if _ids(api, "H3References") else "transformer"
         assert ran_on["partition"] == want_partition, ran_on
         assert den["steps_done"] == den["steps_total"] == forwards, den
         if _ids(api, "H3LoRA"):
             assert "LoRA" in den["schedule"], den
+        if tiny == TINY_FASTH3:
+            assert "VSA-H3 (FastH3 v1" in den["schedule"], den
         rids.append(t["request_id"])
     assert len(set(rids)) == n_req, rids
     prog: dict[str, list[int]] = {}
@@ -542,7 +554,7 @@ def test_template_runs_to_mp4_with_tiny_random(comfyui, name, tmp_path, capsys):
         assert facts["audio_samples"] > 0
         meta = json.loads(facts["meta"]["prompt"])
         assert meta[save_id]["class_type"] == "H3SaveVideo"
-        assert meta[enc_id]["inputs"]["model_path"] == TINY and meta[dit_id]["inputs"]["model_path"] == TINY
+        assert meta[enc_id]["inputs"]["model_path"] == tiny and meta[dit_id]["inputs"]["model_path"] == tiny
         assert {n["type"] for n in json.loads(facts["meta"]["workflow"])["nodes"]} == {n["type"] for n in ui["nodes"]}
 
     node_s = {api[nid]["class_type"]: round(sum(t["summary"]["compute_s"] for t in ts), 1)
