@@ -40,7 +40,7 @@ def unit_text(args, parser) -> str:
     py = sys.executable
     argv = " ".join(shlex.quote(a) for a in setup_argv(args, parser))
     env = ["PYTHONUNBUFFERED=1", "HF_HUB_OFFLINE=1"]
-    env += [f"{k}={os.environ[k]}" for k in ("H3_MODEL_ROOTS", "H3_PROFILE", "H3_STATE_DIR") if os.environ.get(k)]
+    env += [f"{k}={os.environ[k]}" for k in ("H3_MODEL_ROOTS", "H3_PROFILE", "H3_STATE_DIR", "H3_PARALLEL_IFACE") if os.environ.get(k)]
     stop = [py, "-m", "remote_worker", "stop"]
     if args.temp_dir:
         stop += ["--temp-dir", os.path.abspath(args.temp_dir)]
