@@ -85,6 +85,8 @@ def preflight(config: dict) -> str | None:
         if path.is_dir():
             check_model_dir(path, b_components(config.get("partition", "transformer")))
     except ModelFolderError as exc:
-        return (f"{str(exc).rstrip('.')} on machine B; choose a model B has in H3RemoteDiT's model_path, or "
-                f"{catalog.TINY!r} to try the pack without weights.")
+        said = str(exc).rstrip(".")
+        where = "" if "machine B" in said else " on machine B"
+        return (f"{said}{where}; choose a model B has in H3RemoteDiT's model_path, or {catalog.TINY!r} to try the "
+                "pack without weights.")
     return None

@@ -90,7 +90,7 @@ def test_tiny_random_is_built_once_when_asked_concurrently(tmp_path, monkeypatch
     assert not errors and len(paths) == 2 and paths[0] == paths[1]
     assert len(said) == 1 and "generating the tiny random checkpoint" in said[0]
     assert (pathlib.Path(paths[0]) / "modular_model_index.json").is_file()
-    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == ["tiny-h3-seed0"]
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == [f"tiny-h3-v{catalog.TINY_VERSION}-seed0"]
     assert catalog.resolve(catalog.TINY, announce=said.append) == paths[0] and len(said) == 1  # reused
 
 
@@ -102,7 +102,7 @@ def tiny_cache(tmp_path_factory, tiny_ckpt):
     """``tiny-random`` on both sides resolves into this cache (forwarded to the actors), prefilled with the session's
     tiny checkpoint so no test pays for a build."""
     cache = tmp_path_factory.mktemp("h3cache")
-    os.symlink(tiny_ckpt, cache / "tiny-h3-seed0")
+    os.symlink(tiny_ckpt, cache / f"tiny-h3-v{catalog.TINY_VERSION}-seed0")
     old = os.environ.get("H3_CACHE")
     os.environ["H3_CACHE"] = str(cache)
     yield cache
@@ -134,9 +134,9 @@ def test_tiny_random_on_both_sides_runs_and_b_lists_its_models(local_host, tiny_
         assert N.H3RemoteDiT.INPUT_TYPES()["required"]["model_path"][0] == [str(extra), *catalog.TINY_CHOICES]
         assert session.status()["models"]["B"] == [str(extra), *catalog.TINY_CHOICES]
         h = ray.get(ex.b.health.remote(), timeout=10)
-        assert h["model"] == catalog.TINY and h["model_dir"] == os.path.realpath(tiny_cache / "tiny-h3-seed0")
+        assert h["model"] == catalog.TINY and h["model_dir"] == os.path.realpath(tiny_cache / f"tiny-h3-v{catalog.TINY_VERSION}-seed0")
         enc = N.H3LoadEncoders().load(catalog.TINY, "float32", "sdpa")["result"][0]
-        assert str(enc.model_dir) == os.path.realpath(tiny_cache / "tiny-h3-seed0")
+        assert str(enc.model_dir) == os.path.realpath(tiny_cache / f"tiny-h3-v{catalog.TINY_VERSION}-seed0")
         cond = N.H3TextEncode().encode(enc, PROMPT, 64, 64, 124)["result"][0]
         res = asyncio.run(N.H3RemoteDenoise().denoise(ex, cond, 3, 3, unique_id="5"))
         ran = res["ui"]["h3_timing"][0]["summary"]["ran"]
