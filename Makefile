@@ -5,7 +5,6 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.comfy-h3-installed
 TORCH_VERSION ?= 2.13.0
-TORCHAUDIO_VERSION ?= 2.11.1
 
 .PHONY: demo test venv clean-venv bench browser-deps
 
@@ -21,11 +20,10 @@ $(STAMP): pyproject.toml
 	  fi; \
 	fi
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==$(TORCH_VERSION)"
-	@# torchaudio resamples reference audio (the ref2va template's 32 kHz voice). PyPI has none for torch 2.13: its
-	@# pure-Python part (resampling) works beside it once the compiled extensions, built for another torch, are gone.
-	@$(PY) -c "import torchaudio" 2>/dev/null || { $(PY) -m pip install -q --no-deps "torchaudio==$(TORCHAUDIO_VERSION)" \
-	  && rm -f $(VENV)/lib/python*/site-packages/torchaudio/lib/*.so; }
 	$(PY) -m pip install -q -e ".[test]"
+	@# test-only: FastVideo's own VSA-H3 code, the reference of tests/test_vsa.py. Without its dependencies (it pins
+	@# torch 2.12 and pulls CUDA torchvision) and off sys.path: tests/fastvideo_ref.py loads its two VSA modules.
+	@test -d $(VENV)/fastvideo-ref/fastvideo || $(PY) -m pip install -q --no-deps --target $(VENV)/fastvideo-ref "fastvideo==0.2.1"
 	@touch $(STAMP)
 
 # Chromium and Node.js for the web tests, checked before the (slow) venv build

@@ -24,12 +24,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from comfy_h3_nodes.cluster.ray_cluster import ROLE_A, ROLE_B
 from comfy_h3_nodes.engine.contract import wire
 from comfy_h3_nodes.engine.contract.configs import NAMESPACE
-from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
+from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled, ModelFolderError
 from comfy_h3_nodes.engine.contract.timing import StageRecord
 from comfy_h3_nodes.engine.executor.handoff import receive, receive_payload
 from comfy_h3_nodes.engine.model import catalog, formats, parallel
 from comfy_h3_nodes.engine.model.backends import resolve_attention_backend
-from comfy_h3_nodes.engine.model.folders import b_components, check_model_dir
 from comfy_h3_nodes.engine.process import ResidentActorMixin, base_health, runtime_env, setup_process
 
 from . import model_roots
@@ -65,7 +64,8 @@ def build_side(config: dict, side_class: type = BSide, **extra) -> BSide:
                  allow_swap=config.get("allow_swap", True), path_check=path_check,
                  precision=config.get("precision") or "auto", residency=config.get("residency") or "auto",
                  sources=sources, memory_limit_bytes=config.get("memory_limit_bytes"),
-                 decoder=config.get("decoder") or "auto", machine=config.get("role") or "B", **extra)
+                 decoder=config.get("decoder") or "auto", machine=config.get("role") or "B",
+                 vsa_kernel=config.get("vsa_kernel"), **extra)
 
 
 class DiTActorImpl(ResidentActorMixin):
@@ -300,7 +300,7 @@ class DiTActorImpl(ResidentActorMixin):
                 "partition": self.side.partition, "resident": sorted(self.side.resident()),
                 "dtype": self.side.dtype, "attention_backend": self.config.get("attention_backend", "sdpa"),
                 "precision": self.config.get("precision") or "auto",
-                "swapped_s": round(swap_s, 4)}
+                "swapped_s": round(swap_s, 4), "vsa": self.side.vsa_info() or None}
 
     @ray.method(concurrency_group="denoise")
     def reconfigure(self, changes: dict) -> dict:
@@ -318,12 +318,13 @@ class DiTActorImpl(ResidentActorMixin):
             return {"changed": {}, "seconds": 0.0}
         t0 = time.perf_counter()
         resolve_attention_backend(new.get("attention_backend", "sdpa"))  # a missing flash-attn fails here, loaded
+        why = model_roots.preflight(new)  # roots, existence, a folder's partition: the node's sentence
+        if why:
+            raise ModelFolderError(why)
         if not catalog.is_tiny(new["model_dir"]):
             path, partition = model_roots.enforce(new), new.get("partition", "transformer")
             if path.is_file():
                 formats.detect(path, partition)  # a transformer file: refused here if it is not one B can load
-            else:
-                check_model_dir(path, b_components(partition))
         old = self.config
         self.side = None  # drop the old model first: B's memory holds one
         try:
@@ -354,7 +355,7 @@ class DiTActorImpl(ResidentActorMixin):
         roots = (model_roots.parse_roots(self.config.get("model_roots"))
                  + model_roots.parse_roots(os.environ.get(model_roots.ENV)))
         search = roots or list(search_roots or [])
-        models = [*catalog.find_models(search), *catalog.find_transformer_files(search), catalog.TINY]
+        models = [*catalog.find_models(search), *catalog.find_transformer_files(search), *catalog.TINY_CHOICES]
         return {"models": models, "roots": roots or None}
 
     @ray.method(concurrency_group="control")
@@ -367,6 +368,7 @@ class DiTActorImpl(ResidentActorMixin):
         info["attention_choice"] = self.config.get("attention_backend", "sdpa")
         info["partition"] = self.side.partition
         info["text_dim"] = self.side.text_dim
+        info["trained_steps"] = self.side.trained_steps()  # FastH3 partitions: the only step count they take
         info["video_vae"] = self.side.decoder_info()  # can B take a split-decode share (and at which dtype)
         info["memory_plan"] = self.side.memory_report()  # the plan B loaded by, and what it measures it holds
         info["recent"] = list(self.recent)[-10:]
@@ -407,4 +409,31 @@ def start_dit(config: dict, *, node_id: str | None = None, env: dict | None = No
         opts["get_if_exists"] = True
     if node_id is not None:
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    if get_if_exists and not _exists(opts["name"], opts["namespace"]):
+        _preflight(config, opts, float(config.get("preflight_timeout_s", 60.0)))
     return dit_actor_class(impl).options(**opts).remote(config)
+
+
+def _exists(name: str, namespace: str) -> bool:
+    try:
+        ray.get_actor(name, namespace=namespace)
+        return True
+    except ValueError:
+        return False
+
+
+def _preflight(config: dict, opts: dict, timeout: float) -> None:
+    """Before a new DiT worker loads torch and its model: a light task where it will run checks the model path
+    (seconds instead of the actor's start), and a path it cannot load is refused with the way out."""
+    task = ray.remote(num_cpus=0)(model_roots.preflight).options(
+        resources={k: 0.001 for k in opts["resources"]}, runtime_env=opts["runtime_env"],
+        **({"scheduling_strategy": opts["scheduling_strategy"]} if "scheduling_strategy" in opts else {}))
+    ref = task.remote(config)
+    try:
+        why = ray.get(ref, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:  # no answer (B busy starting): the actor's own load checks the same
+        ray.cancel(ref, force=True)
+        log.warning("the model check on B did not answer in %.0f s; the DiT worker checks its model itself", timeout)
+        return
+    if why:
+        raise ModelFolderError(why)

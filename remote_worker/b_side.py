@@ -11,6 +11,10 @@ one fits is refused with the numbers and the options that fit. The schedulers ar
 for the whole request. When the plan still fits with it, B also holds the video VAE's decoder and decodes a share of a
 request's clips from the latents it produced (``decode_share``; :mod:`comfy_h3_nodes.engine.split_decode`).
 
+A FastH3 partition (:mod:`comfy_h3_nodes.engine.model.fasth3`) loads like any folder, then gets its VSA gates and the
+VSA-H3 attention processors (:mod:`comfy_h3_nodes.engine.model.vsa`) on the kernel ``vsa_kernel`` names; its requests
+must ask for the steps it was trained for, and run with its trained shifts.
+
 Per-step reporting and cancellation are two small loop blocks inserted around diffusers' own ``denoiser`` and
 ``update`` loop blocks; they cost microseconds per step.
 """
@@ -18,6 +22,7 @@ Per-step reporting and cancellation are two small loop blocks inserted around di
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -33,9 +38,10 @@ from comfy_h3_nodes.engine.contract import wire
 from comfy_h3_nodes.engine.contract.configs import PARTITION_OF, PARTITIONS, SCHEDULERS
 from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
 from comfy_h3_nodes.engine.contract.timing import StepRecord
-from comfy_h3_nodes.engine.model import formats, memory_plan, parallel, preview, split, split_decode
+from comfy_h3_nodes.engine.model import fasth3, formats, memory_plan, parallel, preview, split, split_decode, vsa
 from comfy_h3_nodes.engine.model.backends import apply_attention_backend, resolve_attention_backend
 from comfy_h3_nodes.engine.model.folders import b_components, check_model_dir
+from comfy_h3_nodes.engine.model.vsa_kernels import resolve_vsa_kernel
 from comfy_h3_nodes.engine.process import maybe_profile
 
 from .adapters import AdapterManager, AdapterSchedule, check_no_foreign_tensors
@@ -170,7 +176,8 @@ class BSide:
                  attention_backend: str = "sdpa", device: str | None = None, allow_swap: bool = True,
                  path_check: Callable | None = None, precision: str = "auto", residency: str = "auto",
                  sources: dict | None = None, memory_limit_bytes: int | None = None,
-                 plan_canvas: tuple | None = None, decoder: str = "auto", machine: str = "B"):
+                 plan_canvas: tuple | None = None, decoder: str = "auto", machine: str = "B",
+                 vsa_kernel: str | None = None):
         self.machine = machine  # "A": a DiT rank on A's machine (parallel denoise); its plan says so
         self.attention_backend = resolve_attention_backend(attention_backend)
         self.device = split.pick_device(device)
@@ -198,6 +205,8 @@ class BSide:
             if src.kind == "folder" and src.path != self.model_dir / name:
                 raise formats.FormatError(f"{src.path} is a diffusers transformer folder outside {self.model_dir}: "
                                           f"put it there as {name}/, or give a single file.")
+        tiles = {s.vsa.tile_size for s in self.sources.values() if s.vsa is not None}
+        self.vsa_kernel = resolve_vsa_kernel(vsa_kernel, self.device, tiles) if tiles else None  # FastH3 only
         self.precision = memory_plan.resolve_precision(precision, self.sources[partition])
         self.memory_plan = self._plan(partition, residency, memory_limit_bytes,
                                       tuple(plan_canvas) if plan_canvas else memory_plan.default_canvas(self.model_dir))
@@ -232,7 +241,8 @@ class BSide:
         report["residency"] = self.residency
         report["resident_partitions"] = list(self.resident_partitions)
         report["measured_bytes"] = self.resident_bytes()
-        report["sources"] = {p: {"kind": s.kind, "path": str(s.path)} for p, s in self.sources.items()}
+        report["sources"] = {p: {"kind": s.kind, "path": str(s.path), **({"vsa": s.vsa.to_dict()} if s.vsa else {})}
+                             for p, s in self.sources.items()}
         report["video_vae"] = {**self.decoder_info(),
                                "plan": self.decoder_plan.to_dict() if self.decoder_plan is not None else None}
         return report
@@ -294,6 +304,8 @@ class BSide:
         if src.kind == "folder":
             split.load_checked(self.model_dir, (partition,), self.dtype, self.device, reason=reason, host=self._host)
             model = getattr(self._host, partition)
+            if src.vsa is not None:  # FastH3: its gates loaded by name, VSA-H3 on every main block
+                vsa.install(model, src.vsa, self.vsa_kernel, src.path)
             check_no_foreign_tensors(self.model_dir, partition, model)
         else:
             model = load_transformer_file(src, self.dtype, self.device)
@@ -363,6 +375,9 @@ class BSide:
         if not validated:
             call.validate(payload)
             payload.validate(text_dim=self.text_dim)
+        trained = self.trained_schedule(PARTITION_OF[payload.workflow])
+        if trained is not None:  # refused before anything runs (or swaps)
+            trained.check_steps(call.num_inference_steps, str(self.sources[PARTITION_OF[payload.workflow]].path))
         with self._lock:
             swap_s = 0.0
             needed = PARTITION_OF[payload.workflow]
@@ -372,7 +387,10 @@ class BSide:
                 self._activate(needed)  # both resident: nothing loads
             pipe = self._pipe(payload.workflow)
             adapter_s, schedule = self.adapters.activate(tuple((a.path, a.weight) for a in call.adapters))
-            shifts = self._apply_schedule(pipe, schedule)
+            shifts = self._apply_schedule(pipe, self._with_trained(schedule, needed))
+            state = getattr(getattr(self._host, needed), "h3_vsa", None)
+            if state is not None:
+                state.take_stats()
             cuda = self.device.startswith("cuda")
             self._preview_note = ""
             monitor = StepMonitor(total=call.num_inference_steps, on_step=on_step, should_cancel=should_cancel,
@@ -422,6 +440,8 @@ class BSide:
             res.parallel = {"rank": call.parallel.rank, "world": call.parallel.world, "method": call.parallel.method,
                             "group": call.parallel.group_id, "collectives": clock.calls, "rows": rows,
                             "uneven": rows % call.parallel.world != 0}
+        if state is not None:
+            res.notes.append(state.note())
         return res
 
     def _previewer(self, call: wire.DenoiseCall) -> preview.Previewer | None:
@@ -450,6 +470,33 @@ class BSide:
         parallel.barrier(group, ready_timeout)
         monitor.agree = lambda stop: parallel.agree_stop(stop, group)
         return parallel.applied(getattr(self._host, self.partition), group, spec.method, clock)
+
+    # ------------------------------------------------------------------------------------------------ FastH3
+    def trained_schedule(self, partition: str) -> fasth3.VSASettings | None:
+        """The VSA settings (and trained schedule) of a FastH3 partition; None for a dense one."""
+        src = self.sources.get(partition)
+        return src.vsa if src is not None else None
+
+    def trained_steps(self) -> dict[str, int]:
+        """Sigma points each FastH3 partition was trained for (health: clients refuse other counts early)."""
+        return {p: s.vsa.steps for p, s in self.sources.items() if s.vsa is not None}
+
+    def vsa_info(self) -> dict:
+        return {p: {**s.vsa.to_dict(), "kernel": self.vsa_kernel.label} for p, s in self.sources.items()
+                if s.vsa is not None}
+
+    def _with_trained(self, schedule: AdapterSchedule, partition: str) -> AdapterSchedule:
+        """A FastH3 partition runs its trained shifts; an adapter asking for others is refused."""
+        trained = self.trained_schedule(partition)
+        if trained is None:
+            return schedule
+        for key in ("shift", "audio_shift"):
+            asked = getattr(schedule, key)
+            if asked is not None and asked != getattr(trained, key):
+                raise fasth3.TrainedScheduleError(
+                    f"the active adapters ask for {key} {asked:g}, and {self.sources[partition].path} was trained "
+                    f"with {getattr(trained, key):g}: drop the adapter's {key} (its sidecar .json) for FastH3.")
+        return dataclasses.replace(schedule, shift=trained.shift, audio_shift=trained.audio_shift)
 
     def _apply_schedule(self, pipe, schedule: AdapterSchedule) -> tuple[float, float]:
         """Schedulers for this request: the checkpoint's own, or fresh ones with the adapter's shifts."""

@@ -80,6 +80,9 @@ def _add_setup(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transformer-ref-file", default=None, metavar="FILE",
                    help="the ref2va transformer as a .safetensors or .gguf (instead of <model-path>/transformer_ref/)")
     p.add_argument("--attention-backend", default="sdpa")
+    p.add_argument("--vsa-kernel", default=None, choices=("auto", "torch", "triton", "fastvideo"),
+                   help="FastH3 (VSA) checkpoints: the block-sparse kernel (default $H3_VSA_KERNEL, else auto: torch on "
+                        "a CPU, fastvideo_kernel on CUDA)")
     p.add_argument("--device", default=None, help="torch device (default cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of the actor (default torch's)")
     p.add_argument("--model-root", action="append", default=None, metavar="DIR",
@@ -139,13 +142,14 @@ def model_roots_of(args) -> list[str]:
 def options_of(args) -> pf.Options:
     args.tiny = getattr(args, "tiny", False) or catalog.is_tiny(args.model_path)
     if args.tiny:  # the pack's tiny random model, built in this machine's cache: try B without weights
-        args.model_path = catalog.resolve(catalog.TINY)
+        args.tiny_name = catalog.tiny_name(args.model_path) if catalog.is_tiny(args.model_path) else TINY
+        args.model_path = catalog.resolve(args.tiny_name)
     return pf.Options(head=args.head, model_path=args.model_path, partition=args.partition, iface=args.iface,
                       node_ip=args.node_ip, token_file=args.token_file, allow_cpu=args.allow_cpu, dtype=args.dtype,
                       attention_backend=args.attention_backend, object_store_mb=args.object_store_mb,
                       temp_dir=args.temp_dir or rn.DEFAULT_TEMP["b"], model_roots=model_roots_of(args),
                       expect_versions=args.expect_versions, precision=args.precision, residency=args.residency,
-                      sources=_sources_of(args))
+                      sources=_sources_of(args), vsa_kernel=getattr(args, "vsa_kernel", None))
 
 
 def _sources_of(args) -> dict:
@@ -216,7 +220,7 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
                 break
     cfg = asdict(BConfig(model_dir=_model_choice(args, model_dir), dtype=args.dtype, attention_backend=args.attention_backend,
                          device=args.device, threads=args.threads, partition=args.partition, name=args.name,
-                         namespace=args.namespace, precision=args.precision))
+                         namespace=args.namespace, precision=args.precision, vsa_kernel=args.vsa_kernel))
     cfg["model_roots"] = list(roots)
     cfg["residency"], cfg["sources"] = args.residency, _sources_of(args)
     # pinned to this machine's node: with a pool, other nodes offer role B too
@@ -247,7 +251,7 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
 
 def _model_choice(args, model_dir: pathlib.Path) -> str:
     """What the actor config and the node name: ``tiny-random`` stays that name (each machine builds its own)."""
-    return TINY if getattr(args, "tiny", False) else str(model_dir)
+    return getattr(args, "tiny_name", TINY) if getattr(args, "tiny", False) else str(model_dir)
 
 
 def _print_values(args, head: str, model_dir: pathlib.Path, token_note: str) -> dict:
@@ -321,7 +325,8 @@ def cmd_setup(args) -> int:
         if not args.no_warmup:
             from . import warmup  # noqa: PLC0415 - imports Ray and torch: only after main() set the token
 
-            w = warmup.run(actor, args.partition, int(health["text_dim"]), args.dtype, timeout=args.start_timeout)
+            w = warmup.run(actor, args.partition, int(health["text_dim"]), args.dtype, timeout=args.start_timeout,
+                           steps=(health.get("trained_steps") or {}).get(args.partition, 2))
             print(f"warm-up: {w['workflow']} {w['steps']} step(s) in {w['seconds']:.2f} s "
                   f"(denoise {w['compute_s']:.2f} s, latents {w['latents']})", flush=True)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported in one sentence, then cleaned up

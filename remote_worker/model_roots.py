@@ -19,6 +19,8 @@ import os
 import pathlib
 
 from comfy_h3_nodes.engine.contract.errors import ModelFolderError
+from comfy_h3_nodes.engine.model import catalog
+from comfy_h3_nodes.engine.model.folders import b_components, check_model_dir
 
 ENV = "H3_MODEL_ROOTS"
 
@@ -67,3 +69,24 @@ def enforce(config: dict, environ: dict | None = None) -> pathlib.Path:
     resolved = check_model_path(path, parse_roots(config.get("model_roots")), "configured model roots")
     check_model_path(path, parse_roots(environ.get(ENV)), f"model roots ({ENV})")
     return resolved
+
+
+def preflight(config: dict) -> str | None:
+    """Why B cannot load ``config``'s model, checked on B's node before its DiT actor starts (no torch, no model
+    read: roots, existence, a diffusers folder's index and partition); None when it can try. The actor's own load
+    still checks everything (formats, tensors)."""
+    model = str(config.get("model_dir") or "")
+    if catalog.is_tiny(model):
+        return None
+    try:
+        path = enforce(config)
+        if not path.exists():
+            raise ModelFolderError(f"model path {model} does not exist")
+        if path.is_dir():
+            check_model_dir(path, b_components(config.get("partition", "transformer")))
+    except ModelFolderError as exc:
+        said = str(exc).rstrip(".")
+        where = "" if "machine B" in said else " on machine B"
+        return (f"{said}{where}; choose a model B has in H3RemoteDiT's model_path, or {catalog.TINY!r} to try the "
+                "pack without weights.")
+    return None

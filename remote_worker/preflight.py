@@ -58,6 +58,7 @@ class Options:
     precision: str = "auto"  # storage precision of the transformer (memory plan): auto | bf16 | fp8 | gguf
     residency: str = "auto"  # auto | both | one
     sources: dict = field(default_factory=dict)  # partition -> .safetensors / .gguf replacing <model>/<partition>/
+    vsa_kernel: str | None = None  # FastH3 (VSA) checkpoints: auto | torch | triton | fastvideo (None: $H3_VSA_KERNEL)
 
 
 @dataclass
@@ -336,7 +337,7 @@ def _check_model(opts: Options, res: Result) -> int | None:
             res.sources[part] = src
             if part == opts.partition:
                 need = src.file_bytes
-            res.add(f"{part} source", True, src.describe())
+            res.add(f"{part} source", True, src.describe() + (f"; {src.vsa.describe()}" if src.vsa else ""))
         if opts.partition in res.sources and len(res.sources) == 1:
             other = "transformer_ref" if opts.partition == "transformer" else "transformer"
             res.add("swaps", True, f"no {other} source: requests needing it will fail")
@@ -351,6 +352,23 @@ def _check_model(opts: Options, res: Result) -> int | None:
         res.add("model roots", False, str(exc),
                 "move the checkpoint under a model root, or add its parent with --model-root DIR")
     return need
+
+
+def _check_vsa(opts: Options, res: Result, torch) -> None:
+    """A FastH3 model's block-sparse kernel, resolved as B will (its real import error when it cannot load)."""
+    tiles = {s.vsa.tile_size for s in res.sources.values() if s.vsa is not None}
+    if not tiles or torch is None:
+        return
+    from comfy_h3_nodes.engine.model.vsa_kernels import resolve_vsa_kernel  # noqa: PLC0415 - needs torch (checked)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kernel = resolve_vsa_kernel(opts.vsa_kernel, device, tiles)
+    except AttentionBackendError as exc:
+        res.add("vsa kernel", False, str(exc), "install fastvideo-kernel for this torch/CUDA build, or pass "
+                "--vsa-kernel torch")
+        return
+    res.add("vsa kernel", True, f"FastH3 VSA-H3 on {kernel.label}")
 
 
 def _check_disk(opts: Options, res: Result) -> None:
@@ -376,6 +394,7 @@ def run(opts: Options) -> Result:
     torch = _check_torch(opts, res)
     _check_attention(opts, res)
     need = _check_model(opts, res)
+    _check_vsa(opts, res, torch)
     _check_memory(opts, res, torch, need)
     _check_disk(opts, res)
     host, _port = _check_network(opts, res)

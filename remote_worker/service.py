@@ -15,7 +15,7 @@ from comfy_h3_nodes.engine.model import catalog
 
 def setup_argv(args, parser) -> list[str]:
     """The `setup` command line the service runs, with absolute paths."""
-    model = catalog.TINY if catalog.is_tiny(args.model_path) else os.path.abspath(os.path.expanduser(args.model_path))
+    model = catalog.tiny_name(args.model_path) if catalog.is_tiny(args.model_path) else os.path.abspath(os.path.expanduser(args.model_path))
     out = ["setup", "--head", args.head, "--model-path", model]
     defaults = vars(parser.parse_args(["setup", "--head", "x:1", "--model-path", "x"]))
     skip = {"verb", "head", "model_path", "output", "user", "block", "json"}
@@ -40,7 +40,7 @@ def unit_text(args, parser) -> str:
     py = sys.executable
     argv = " ".join(shlex.quote(a) for a in setup_argv(args, parser))
     env = ["PYTHONUNBUFFERED=1", "HF_HUB_OFFLINE=1"]
-    env += [f"{k}={os.environ[k]}" for k in ("H3_MODEL_ROOTS", "H3_PROFILE", "H3_STATE_DIR") if os.environ.get(k)]
+    env += [f"{k}={os.environ[k]}" for k in ("H3_MODEL_ROOTS", "H3_PROFILE", "H3_STATE_DIR", "H3_PARALLEL_IFACE") if os.environ.get(k)]
     stop = [py, "-m", "remote_worker", "stop"]
     if args.temp_dir:
         stop += ["--temp-dir", os.path.abspath(args.temp_dir)]

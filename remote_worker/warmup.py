@@ -36,10 +36,11 @@ def payload(partition: str, text_dim: int, dtype: str = "bfloat16", request_id: 
     ).validate(text_dim=text_dim)
 
 
-def run(actor, partition: str, text_dim: int, dtype: str, timeout: float) -> dict:
-    """One warm-up denoise (two sigma points) through ``actor``; returns its timing facts."""
+def run(actor, partition: str, text_dim: int, dtype: str, timeout: float, steps: int = 2) -> dict:
+    """One warm-up denoise (two sigma points; a FastH3 partition: the ``steps`` it was trained for) through
+    ``actor``; returns its timing facts."""
     pay = payload(partition, text_dim, dtype)
-    call = wire.DenoiseCall(pay.request_id, pay.request_id, seed=0, num_inference_steps=2)
+    call = wire.DenoiseCall(pay.request_id, pay.request_id, seed=0, num_inference_steps=steps)
     t0 = time.perf_counter()
     latents_ref, recs_ref = actor.denoise.remote([ray.put(pay)], call, timeout)
     records = ray.get(recs_ref, timeout=timeout)

@@ -39,6 +39,8 @@ VIEW_MARGIN = 16  # free screen pixels kept between the nodes and whatever the f
 MIN_ZOOM = 0.6  # LiteGraph draws nodes as empty boxes below this
 TITLE_H = 30  # the title bar LiteGraph draws above a node's ``pos``
 COL_W, GAP_X, GAP_Y = SIZES["width"], 40, 50
+#: where the FastH3 template expects FastVideo's FastH3 checkpoint (a diffusers folder with VSA gates)
+FASTH3_MODEL_PATH = "/models/FastH3"
 PROMPT = ("A red fox trots across a snowy meadow at dawn, breath steaming; soft wind, crunching snow and a distant "
           "crow call.")
 
@@ -133,11 +135,11 @@ def build(name: str, nodes: list[tuple], rows: list[list[int]]) -> dict:
 
 
 def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0), steps: int = 50,
-           denoise_conns: dict | None = None) -> list[tuple]:
+           denoise_conns: dict | None = None, model: str = DEFAULT_MODEL_PATH) -> list[tuple]:
     return [
-        (1, "H3LoadEncoders", [DEFAULT_MODEL_PATH, "bfloat16", "sdpa"], {}),
+        (1, "H3LoadEncoders", [model, "bfloat16", "sdpa"], {}),
         (2, "H3RemoteDiT",
-         ["local", "h3_dit", "comfy_h3", DEFAULT_MODEL_PATH, partition, "bfloat16", "sdpa", "auto", "off"], {}),
+         ["local", "h3_dit", "comfy_h3", model, partition, "bfloat16", "sdpa", "auto", "off"], {}),
         (3, "H3TextEncode", [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),
         (5, "H3RemoteDenoise", [42, "fixed", steps, 2],
          {"dit": dit, "conditioning": (3, 0), **(denoise_conns or {})}),
@@ -186,6 +188,8 @@ def main() -> None:
     write_media()
     flows = {  # name: (nodes, the top row: what A prepares, inputs left of what reads them)
         "h3_t2va": (common("transformer", 832, 480, {}), [1, 3]),
+        # FastH3 v1: 5 sigma points (4 forwards), the schedule its checkpoint was trained for; B runs VSA-H3
+        "h3_fasth3_t2va": (common("transformer", 832, 480, {}, steps=5, model=FASTH3_MODEL_PATH), [1, 3]),
         "h3_t2va_turbo": (common("transformer", 832, 480, {}, dit=(11, 0), steps=4) + [
             (11, "H3LoRA", ["/models/loras/h3_turbo_4step.safetensors", 1.0], {"dit": (2, 0)}),
         ], [1, 3, 11]),

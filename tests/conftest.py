@@ -21,6 +21,14 @@ def tiny_ckpt(tmp_path_factory):
     return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-h3", seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_fasth3(tmp_path_factory):
+    """The tiny checkpoint in FastH3's layout (VSA gates in every block, a ``vsa`` config block; tiny_fasth3.py)."""
+    from comfy_h3_nodes.engine.model.tiny_fasth3 import build_tiny_fasth3
+
+    return build_tiny_fasth3(tmp_path_factory.mktemp("ckpt-fasth3") / "tiny-h3-fasth3", seed=0)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _pin_threads():
     import torch

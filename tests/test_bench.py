@@ -89,6 +89,15 @@ def test_step_overhead_smoke(tiny_ckpt, capsys):
     assert "hook" in table
 
 
+def test_preview_smoke(capsys):
+    out, table = _run(["preview", "--quick", "--json"], capsys)
+    shapes = out["shapes"]
+    assert set(shapes) == {"1344x768x124/noise", "1344x768x124/smooth", "1344x768x345/noise", "1344x768x345/smooth"}
+    assert all(r["image"] == [84, 48] and 0 < r["jpeg_bytes"] < 16384 and r["cost_ms"] > 0 for r in shapes.values())
+    assert shapes["1344x768x345/noise"]["latent_grid"] == [102, 48, 84] and isinstance(out["met"], bool)
+    assert "% of a 31.4 s step" in table
+
+
 def test_warm_smoke(ray_cluster, tiny_ckpt, capsys):
     out, table = _run(["warm", "--quick", "--ckpt", str(tiny_ckpt), "--json"], capsys)
     assert out["bench"] == "warm"
@@ -97,6 +106,19 @@ def test_warm_smoke(ray_cluster, tiny_ckpt, capsys):
     assert out["second"]["loads"] == 0 and out["second"]["load_s"] == 0.0
     assert out["first"]["wall_s"] > 0 and out["second"]["wall_s"] > 0
     assert "second" in table
+
+
+def test_vsa_smoke(capsys):
+    """``bench vsa``: one JSON line with VSA-H3 and dense attention times, the sparsity it ran at, and the sparse output
+    checked against dense attention restricted to the kept tiles (a fact, unlike the times)."""
+    out, table = _run(["vsa", "--quick", "--json"], capsys)
+    assert out["bench"] == "vsa" and out["quick"] is True and out["sparsity"] == 0.9 and out["tile_size"] == 64
+    assert out["tiles"] == {"prefix": 10, "video": 48, "kept_video_per_query_tile": 5}
+    assert out["dense_s"] > 0 and out["vsa_s"] > 0 and out["speedup"] == pytest.approx(out["dense_s"] / out["vsa_s"],
+                                                                                      rel=1e-2)
+    assert out["max_abs_diff"] < 1e-5 and out["kernel"].startswith("torch") and "sparsity 0.9" in table
+    dense, _ = _run(["vsa", "--quick", "--json", "--sparsity", "0", "--repeats", "1"], capsys)
+    assert dense["tiles"]["kept_video_per_query_tile"] == 48
 
 
 def test_cli_dispatch():

@@ -10,7 +10,8 @@ repository, and only this pack is loaded. ``H3RemoteDiT`` with ``cluster_address
 two-node Ray cluster inside the ComfyUI process; ComfyUI and everything it started are killed at the end.
 
 The templates in example_workflows/ run as shipped (canvas, frames, steps) except for the pickers: ``tiny-random`` on
-``H3LoadEncoders`` and ``H3RemoteDiT`` (and ``H3LoRA``), ``cluster_address`` ``local``; their inputs are copied into
+``H3LoadEncoders`` and ``H3RemoteDiT`` (and ``H3LoRA``; a FastH3 template: ``tiny-random-fasth3``),
+``cluster_address`` ``local``; their inputs are copied into
 the test's ComfyUI input folder and the tiny model is built on first use into the test's own ``H3_CACHE``. The issue's
 goal is each template to an MP4 in <= 120 s on a 2-core CPU machine: every template's wall time is printed, and
 asserted only with ``H3_TEMPLATE_MAX_S=<seconds per video>`` (on a shared machine the time depends on the other work). A
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import io
 import json
 import os
 import pathlib
@@ -57,6 +59,7 @@ H3_NODES = {"1": "H3LoadEncoders", "2": "H3RemoteDiT", "3": "H3TextEncode", "5":
 EXAMPLES = REPO / "example_workflows"
 TEMPLATES = sorted(p.stem for p in EXAMPLES.glob("*.json"))
 TINY = "tiny-random"
+TINY_FASTH3 = "tiny-random-fasth3"  # a FastH3 template's pickers: the tiny model in FastH3's layout
 #: what a user changes in a template to try the pack without weights (everything else stays as shipped)
 PICKERS = {"H3LoadEncoders": {"model_path": TINY}, "H3RemoteDiT": {"model_path": TINY, "cluster_address": "local"},
            "H3LoRA": {"lora_path": TINY}}
@@ -221,6 +224,19 @@ def _decode(msg) -> dict | None:
         return json.loads(msg.data)
     if msg.type == aiohttp.WSMsgType.BINARY and len(msg.data) >= 8:
         (event,) = struct.unpack(">I", msg.data[:4])
+        if event == 1:  # a preview: [u32 image type (1 JPEG, 2 PNG)][image]
+            from PIL import Image
+
+            (kind,) = struct.unpack(">I", msg.data[4:8])
+            return {"type": "preview", "data": {"format": kind, "size": Image.open(io.BytesIO(msg.data[8:])).size,
+                                                "bytes": len(msg.data) - 8}}
+        if event == 4:  # a preview with metadata: [u32 len][json][image]
+            from PIL import Image
+
+            (n,) = struct.unpack(">I", msg.data[4:8])
+            meta = json.loads(msg.data[8:8 + n])
+            return {"type": "preview", "data": {"meta": meta, "size": Image.open(io.BytesIO(msg.data[8 + n:])).size,
+                                                "bytes": len(msg.data) - 8 - n}}
         if event == 3:  # progress_text: [u32 len][node id][text], as ComfyUI's frontend decodes it
             (n,) = struct.unpack(">I", msg.data[4:8])
             return {"type": "progress_text",
@@ -228,7 +244,8 @@ def _decode(msg) -> dict | None:
     return None
 
 
-async def _run(server: ComfyUI, api: dict, ui: dict | None = None, on_message=None, timeout: float = PROMPT_TIMEOUT):
+async def _run(server: ComfyUI, api: dict, ui: dict | None = None, on_message=None, timeout: float = PROMPT_TIMEOUT,
+               extra: dict | None = None):
     """Queue ``api`` and record the websocket until the prompt ends: ``(prompt_id, messages, history entry)``."""
     import aiohttp
 
@@ -237,9 +254,9 @@ async def _run(server: ComfyUI, api: dict, ui: dict | None = None, on_message=No
     tmo = aiohttp.ClientTimeout(total=None, sock_connect=HTTP_TIMEOUT, sock_read=HTTP_TIMEOUT)
     async with aiohttp.ClientSession(timeout=tmo) as http:
         async with http.ws_connect(f"{server.base.replace('http', 'ws', 1)}/ws?clientId={cid}", heartbeat=20) as ws:
-            body = {"prompt": api, "client_id": cid}
+            body = {"prompt": api, "client_id": cid, "extra_data": dict(extra or {})}
             if ui is not None:
-                body["extra_data"] = {"extra_pnginfo": {"workflow": ui}}
+                body["extra_data"]["extra_pnginfo"] = {"workflow": ui}
             async with http.post(f"{server.base}/prompt", json=body) as r:
                 answer = await r.json()
                 assert r.status == 200, f"POST /prompt answered {r.status}: {answer}"
@@ -364,18 +381,25 @@ def _template(name: str) -> tuple[dict, dict]:
     return api, ui
 
 
-def _with_tiny(api: dict, ui: dict) -> tuple[dict, dict]:
-    """The template with the pickers a newcomer changes (``PICKERS``), in the prompt and in the saved workflow."""
+def _tiny_of(name: str) -> str:
+    return TINY_FASTH3 if "fasth3" in name else TINY
+
+
+def _with_tiny(api: dict, ui: dict, tiny: str = TINY) -> tuple[dict, dict]:
+    """The template with the pickers a newcomer changes (``PICKERS``, with ``tiny`` for the models), in the prompt and
+    in the saved workflow."""
     from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
     from comfy_h3_nodes.tools.runner import widget_names
 
+    pickers = {k: {n: (tiny if v == TINY and n == "model_path" else v) for n, v in d.items()}
+               for k, d in PICKERS.items()}
     api, ui = copy.deepcopy(api), copy.deepcopy(ui)
     for node in api.values():
-        node["inputs"].update(PICKERS.get(node["class_type"], {}))
+        node["inputs"].update(pickers.get(node["class_type"], {}))
     for node in ui["nodes"]:
-        if node["type"] in PICKERS:
+        if node["type"] in pickers:
             names = widget_names(NODE_CLASS_MAPPINGS[node["type"]])
-            for name, value in PICKERS[node["type"]].items():
+            for name, value in pickers[node["type"]].items():
                 node["widgets_values"][names.index(name)] = value
     return api, ui
 
@@ -437,7 +461,8 @@ def test_template_runs_to_mp4_with_tiny_random(comfyui, name, tmp_path, capsys):
     on H3RemoteDenoise, and each request's stages in /h3/timings. The first template is a newcomer's first run: its
     time includes starting the embedded Ray cluster and building tiny-random on A and on B."""
     shipped, _ = _template(name)
-    api, ui = _with_tiny(*_template(name))
+    tiny = _tiny_of(name)
+    api, ui = _with_tiny(*_template(name), tiny)
     (enc_id,), (dit_id,), (text_id,) = _ids(api, "H3LoadEncoders"), _ids(api, "H3RemoteDiT"), _ids(api, "H3TextEncode")
     (den_id,), (dec_id,), (save_id,) = _ids(api, "H3RemoteDenoise"), _ids(api, "H3Decode"), _ids(api, "H3SaveVideo")
     width, height, frames = (shipped[text_id]["inputs"][k] for k in ("width", "height", "num_frames"))
@@ -470,9 +495,15 @@ def test_template_runs_to_mp4_with_tiny_random(comfyui, name, tmp_path, capsys):
             assert t["node_type"] == api[nid]["class_type"] and t["stages"] and "compute_s" in t["summary"], t
         per_request = nid in (text_id, den_id, dec_id, save_id)
         assert len(ts) == (n_req if per_request else 1), (api[nid]["class_type"], len(ts), n_req)
-    for nid in executed & set(timings):  # the node's ui output carries its records too (/history)
-        assert {r["node_type"] for r in entry["outputs"][nid]["h3_timing"]} == {api[nid]["class_type"]}
-        assert all(r["prompt_id"] == pid for r in entry["outputs"][nid]["h3_timing"])
+    # /history keeps every record of the run, each naming its node: a node's own ui output, and for a batch's
+    # encode and denoise nodes (they return before their requests finish) H3Decode's, which waits for them all
+    history = [(out_id, r) for out_id, o in entry["outputs"].items() for r in o.get("h3_timing", [])]
+    for nid, ts in timings.items():
+        kept = [(out_id, r) for out_id, r in history if r["node"] == nid]
+        assert sorted(r["request_id"] or "" for _, r in kept) == sorted(t["request_id"] or "" for t in ts), nid
+        assert all(r["node_type"] == api[nid]["class_type"] and r["prompt_id"] == pid for _, r in kept)
+        late = n_req > 1 and nid in (text_id, den_id)
+        assert {out_id for out_id, _ in kept} == {dec_id if late else nid}, (api[nid]["class_type"], kept)
     (dit,) = timings[dit_id]
     b_models = dit["summary"]["b_models"]  # embedded cluster: B searches A's model roots
     assert str(comfyui.found_model) in b_models and b_models[-1] == TINY, b_models
@@ -483,12 +514,14 @@ def test_template_runs_to_mp4_with_tiny_random(comfyui, name, tmp_path, capsys):
         den = t["summary"]
         assert den["machine"] == "B" and den["a_to_b"]["bytes"] > 0 and den["b_to_a"]["bytes"] > 0, den
         ran_on = den["ran"]
-        assert ran_on["model"] == TINY and ran_on["dtype"] == api[dit_id]["inputs"]["dtype"], ran_on
+        assert ran_on["model"] == tiny and ran_on["dtype"] == api[dit_id]["inputs"]["dtype"], ran_on
         want_partition = "transformer_ref" if _ids(api, "H3References") else "transformer"
         assert ran_on["partition"] == want_partition, ran_on
         assert den["steps_done"] == den["steps_total"] == forwards, den
         if _ids(api, "H3LoRA"):
             assert "LoRA" in den["schedule"], den
+        if tiny == TINY_FASTH3:
+            assert "VSA-H3 (FastH3 v1" in den["schedule"], den
         rids.append(t["request_id"])
     assert len(set(rids)) == n_req, rids
     prog: dict[str, list[int]] = {}
@@ -521,7 +554,7 @@ def test_template_runs_to_mp4_with_tiny_random(comfyui, name, tmp_path, capsys):
         assert facts["audio_samples"] > 0
         meta = json.loads(facts["meta"]["prompt"])
         assert meta[save_id]["class_type"] == "H3SaveVideo"
-        assert meta[enc_id]["inputs"]["model_path"] == TINY and meta[dit_id]["inputs"]["model_path"] == TINY
+        assert meta[enc_id]["inputs"]["model_path"] == tiny and meta[dit_id]["inputs"]["model_path"] == tiny
         assert {n["type"] for n in json.loads(facts["meta"]["workflow"])["nodes"]} == {n["type"] for n in ui["nodes"]}
 
     node_s = {api[nid]["class_type"]: round(sum(t["summary"]["compute_s"] for t in ts), 1)
@@ -621,6 +654,60 @@ def test_template_with_parallel_a_plus_b_runs_to_mp4(comfyui, tmp_path):
     status, _, body = asyncio.run(_get(comfyui, "/api/h3/status"))
     groups = [a["health"].get("group") for a in json.loads(body)["actors"] if "health" in a]
     assert any(g and [r["machine"] for r in g["ranks"]] == ["A", "B"] for g in groups), groups
+
+
+@pytest.mark.parametrize("method", ["latent2rgb", "none"])
+def test_denoise_shows_live_previews_as_the_preview_method_says(comfyui, tiny_ckpt, method):
+    """ComfyUI's preview method for the prompt (what the frontend's setting sends): latent2rgb shows B's estimate on
+    H3RemoteDenoise through ComfyUI's progress bar, updating with the steps, and keeps the last one on the node;
+    none shows none."""
+    api, ui = _prompt(tiny_ckpt, steps=30, width=128, height=128, seed=7)
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui, extra={"preview_method": method}))
+    errors = _of(messages, "execution_error", pid)
+    assert not errors, f"{errors[0].get('exception_message')}\n{''.join(errors[0].get('traceback', []))}"
+    previews = [m["data"] for m in messages if m["type"] == "preview"]
+    with_preview = [p for p in _of(messages, "h3.progress", pid) if "preview" in p]
+    (den,) = [d for d in _of(messages, "h3.timing", pid) if d["node"] == "5"]
+    readout = den["summary"]["preview"]
+    if method == "none":
+        assert not previews and not with_preview and "preview method is none" in readout["note"]
+        assert "images" not in entry["outputs"]["5"]
+        return
+    # B's JPEG is 64x64 (an 8x8 latent frame, enlarged 8x); ComfyUI contains it in its preview size (512)
+    assert len(previews) >= 2 and all(p["size"] == (512, 512) for p in previews), previews[:3]
+    steps = [p["preview"]["step"] for p in with_preview]
+    assert len(steps) == len(previews) and steps == sorted(set(steps)) and steps[-1] == 29, steps
+    assert all((p["preview"]["width"], p["preview"]["height"]) == (64, 64) and p["preview"]["bytes"] < 8192
+               for p in with_preview)
+    assert readout["count"] >= len(previews) and readout["source"] == "ComfyUI latent_formats.MiniMaxH3Video"
+    (kept,) = entry["outputs"]["5"]["images"]  # the last preview stays on the node
+    assert kept["type"] == "temp" and kept["filename"].startswith("h3_preview_5_")
+    status, ctype, body = asyncio.run(_get(comfyui, f"/view?filename={kept['filename']}&type=temp"))
+    assert status == 200 and body[:2] == b"\xff\xd8"
+
+
+def test_errors_read_as_one_sentence_on_the_node_that_owns_the_setting(comfyui, tiny_ckpt, tmp_path):
+    """A model path B lacks fails on H3RemoteDiT, a missing LoRA on H3LoRA, each as a built-in exception type with
+    the sentence (no module path, no ANSI codes, no object reprs)."""
+    api, ui = _prompt(tiny_ckpt)
+    api["2"]["inputs"]["model_path"] = str(tmp_path / "MiniMax-H3")
+    pid, messages, _ = asyncio.run(_run(comfyui, api, ui))
+    (err,) = _of(messages, "execution_error", pid)
+    assert err["node_id"] == "2" and err["node_type"] == "H3RemoteDiT", err
+    assert err["exception_type"] == "ValueError", err["exception_type"]
+    assert err["exception_message"].startswith(  # + what B keeps serving when a worker was running already
+        f"model path {tmp_path / 'MiniMax-H3'} does not exist on machine B; choose a model B has in H3RemoteDiT's "
+        "model_path, or 'tiny-random' to try the pack without weights"), err["exception_message"]
+    api, ui = _with_tiny(*_template("h3_t2va_turbo"))
+    (lora_id,) = _ids(api, "H3LoRA")
+    api[lora_id]["inputs"]["lora_path"] = str(tmp_path / "turbo.safetensors")
+    pid, messages, _ = asyncio.run(_run(comfyui, api, ui))
+    (err,) = _of(messages, "execution_error", pid)
+    assert err["node_id"] == lora_id and err["exception_type"] == "RuntimeError", err
+    assert "turbo.safetensors does not exist on machine B" in err["exception_message"]
+    assert "'tiny-random'" in err["exception_message"] and "\x1b" not in err["exception_message"]
+    ran = {d["node"] for d in _of(messages, "executing", pid) if d["node"] is not None}
+    assert not any(api[n]["class_type"] == "H3RemoteDenoise" for n in ran)  # refused before any request
 
 
 def test_bad_inputs_are_refused_by_post_prompt(comfyui, tiny_ckpt):

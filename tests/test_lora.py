@@ -146,11 +146,13 @@ def test_foreign_checkpoint_refused_with_its_tensors_named(tiny_ckpt, tmp_path):
     shutil.copytree(tiny_ckpt, folder)
     (weights,) = list((folder / "transformer").glob("*.safetensors"))
     state = load_file(str(weights))
-    state["transformer_blocks.0.attn.to_gate_compress.weight"] = torch.zeros(32, 24)
+    state["token_refiner.refiner_blocks.0.attn.to_gate_compress.weight"] = torch.zeros(16, 24)
     save_file(state, str(weights), metadata={"format": "pt"})
-    # refused by the format check (engine/formats.py) before anything loads
-    with pytest.raises(ModelFolderError, match=r"FastVideo VSA \(video sparse attention\) checkpoint \(1 tensors such "
-                                               r"as `transformer_blocks.0.attn.to_gate_compress.weight`\)"):
+    # refused by the format check (engine/formats.py, FastH3's layout in fasth3.py) before anything loads: a VSA gate
+    # where FastH3 has none
+    with pytest.raises(ModelFolderError, match=r"VSA gate tensors that do not fit FastH3's layout: .*1 are not a "
+                                               r"main block's `attn.to_gate_compress.weight` "
+                                               r"\(`token_refiner.refiner_blocks.0.attn.to_gate_compress.weight`\)"):
         BSide(folder, dtype="float32")
 
 

@@ -38,8 +38,8 @@ def test_find_models_lists_checkpoint_folders_under_the_roots(tmp_path):
     c = _fake_model(tmp_path / "root2" / "Other")
     found = catalog.find_models([tmp_path / "root1", tmp_path / "root2", tmp_path / "missing"])
     assert found == sorted([str(a), str(b), str(c)])
-    assert catalog.choices([tmp_path / "root2"]) == [str(c), catalog.TINY]
-    assert catalog.choices([]) == [catalog.TINY]
+    assert catalog.choices([tmp_path / "root2"]) == [str(c), *catalog.TINY_CHOICES]
+    assert catalog.choices([]) == [*catalog.TINY_CHOICES] == ["tiny-random-fasth3", "tiny-random"]
 
 
 def test_load_encoders_picker_lists_a_model_folders_and_tiny(tmp_path, monkeypatch):
@@ -47,10 +47,10 @@ def test_load_encoders_picker_lists_a_model_folders_and_tiny(tmp_path, monkeypat
     monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "diffusers"))
     set_host(LocalHost())
     choices, opts = N.H3LoadEncoders.INPUT_TYPES()["required"]["model_path"]
-    assert choices == [str(model), catalog.TINY] and opts["default"] == str(model)
+    assert choices == [str(model), *catalog.TINY_CHOICES] and opts["default"] == str(model)
     monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "none"))
     choices, opts = N.H3LoadEncoders.INPUT_TYPES()["required"]["model_path"]
-    assert choices == [catalog.TINY] and opts["default"] == catalog.TINY  # a newcomer's new node just works
+    assert choices == [*catalog.TINY_CHOICES] and opts["default"] == catalog.TINY  # a newcomer's node just works
 
 
 def test_a_model_path_is_checked_and_points_at_tiny_random(tmp_path, tiny_ckpt):
@@ -90,7 +90,7 @@ def test_tiny_random_is_built_once_when_asked_concurrently(tmp_path, monkeypatch
     assert not errors and len(paths) == 2 and paths[0] == paths[1]
     assert len(said) == 1 and "generating the tiny random checkpoint" in said[0]
     assert (pathlib.Path(paths[0]) / "modular_model_index.json").is_file()
-    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == ["tiny-h3-seed0"]
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")] == [f"tiny-h3-v{catalog.TINY_VERSION}-seed0"]
     assert catalog.resolve(catalog.TINY, announce=said.append) == paths[0] and len(said) == 1  # reused
 
 
@@ -102,7 +102,7 @@ def tiny_cache(tmp_path_factory, tiny_ckpt):
     """``tiny-random`` on both sides resolves into this cache (forwarded to the actors), prefilled with the session's
     tiny checkpoint so no test pays for a build."""
     cache = tmp_path_factory.mktemp("h3cache")
-    os.symlink(tiny_ckpt, cache / "tiny-h3-seed0")
+    os.symlink(tiny_ckpt, cache / f"tiny-h3-v{catalog.TINY_VERSION}-seed0")
     old = os.environ.get("H3_CACHE")
     os.environ["H3_CACHE"] = str(cache)
     yield cache
@@ -130,13 +130,13 @@ def test_tiny_random_on_both_sides_runs_and_b_lists_its_models(local_host, tiny_
     try:
         summary = out["ui"]["h3_timing"][0]["summary"]
         # the embedded cluster's B has no model roots of its own: it searched A's, and offers tiny-random
-        assert summary["b_models"] == [str(extra), catalog.TINY]
-        assert N.H3RemoteDiT.INPUT_TYPES()["required"]["model_path"][0] == [str(extra), catalog.TINY]
-        assert session.status()["models"]["B"] == [str(extra), catalog.TINY]
+        assert summary["b_models"] == [str(extra), *catalog.TINY_CHOICES]
+        assert N.H3RemoteDiT.INPUT_TYPES()["required"]["model_path"][0] == [str(extra), *catalog.TINY_CHOICES]
+        assert session.status()["models"]["B"] == [str(extra), *catalog.TINY_CHOICES]
         h = ray.get(ex.b.health.remote(), timeout=10)
-        assert h["model"] == catalog.TINY and h["model_dir"] == os.path.realpath(tiny_cache / "tiny-h3-seed0")
+        assert h["model"] == catalog.TINY and h["model_dir"] == os.path.realpath(tiny_cache / f"tiny-h3-v{catalog.TINY_VERSION}-seed0")
         enc = N.H3LoadEncoders().load(catalog.TINY, "float32", "sdpa")["result"][0]
-        assert str(enc.model_dir) == os.path.realpath(tiny_cache / "tiny-h3-seed0")
+        assert str(enc.model_dir) == os.path.realpath(tiny_cache / f"tiny-h3-v{catalog.TINY_VERSION}-seed0")
         cond = N.H3TextEncode().encode(enc, PROMPT, 64, 64, 124)["result"][0]
         res = asyncio.run(N.H3RemoteDenoise().denoise(ex, cond, 3, 3, unique_id="5"))
         ran = res["ui"]["h3_timing"][0]["summary"]["ran"]
@@ -239,7 +239,7 @@ def test_b_lists_transformer_files_and_runs_one_with_the_shipped_configs(local_h
     os.environ["H3_MODEL_DIRS"] = str(root)
     try:
         out = _connect("h3_dit_file")
-        assert out["ui"]["h3_timing"][0]["summary"]["b_models"] == [str(chosen), catalog.TINY]
+        assert out["ui"]["h3_timing"][0]["summary"]["b_models"] == [str(chosen), *catalog.TINY_CHOICES]
         file_out = _connect("h3_dit_file", model=str(chosen))
     finally:
         os.environ.pop("H3_MODEL_DIRS")

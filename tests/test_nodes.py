@@ -23,6 +23,12 @@ EXAMPLES = sorted((ROOT / "example_workflows").glob("h3_*.json"))
 SINGLE = [p for p in EXAMPLES if p.stem != "h3_t2va_batch"]  # the batch example has tests of its own (test_batch)
 TINY_SETTINGS = ["3.width=64", "3.height=64", "3.num_frames=124", "5.steps=3", "1.dtype=\"float32\"",
                  "2.dtype=\"float32\"", "2.actor_name=\"h3_dit_test\""]
+#: the FastH3 template: its checkpoint's folder and tiny model, and its trained steps (5 sigma points) as shipped
+FASTH3 = {"default": "/models/FastH3", "tiny": "tiny-random-fasth3", "forwards": 4, "actor": "h3_dit_fasth3_nodes"}
+
+
+def _forwards(name: str) -> int:
+    return {"h3_t2va_turbo": 3, "h3_fasth3_t2va": FASTH3["forwards"]}.get(name, 2)  # steps 4, 5 or 3 sigma points
 
 
 def test_pack_imports_without_comfyui_ray_or_diffusers():
@@ -66,22 +72,28 @@ def test_example_workflow_matches_input_types(path):
         assert len(node["widgets_values"]) == len(names) + extra, node["type"]
         assert {i["name"] for i in node["inputs"]} >= set(names)
     api = runner.ui_to_api(wf)
-    assert api["1"]["inputs"]["model_path"] == api["2"]["inputs"]["model_path"] == "/models/MiniMax-H3"  # real default
+    fasth3 = path.stem == "h3_fasth3_t2va"
+    real = FASTH3["default"] if fasth3 else "/models/MiniMax-H3"
+    assert api["1"]["inputs"]["model_path"] == api["2"]["inputs"]["model_path"] == real  # real default
     with pytest.raises(runner.WorkflowError, match="choose 'tiny-random'"):
         runner.check_prompt(api)  # without the weights: one sentence that shows the way to try it anyway
-    runner.apply_overrides(api, runner.TINY, [])
+    runner.apply_overrides(api, FASTH3["tiny"] if fasth3 else runner.TINY, [])
     order = runner.check_prompt(api)
     assert order.index("3") < order.index("5") < order.index("6") < order.index("7")
 
 
 @pytest.fixture(scope="module")
-def runs(local_host, tiny_ckpt, tmp_path_factory):
+def runs(local_host, tiny_ckpt, tiny_fasth3, tmp_path_factory):
     """Each example workflow, once, through the runner (shared by the assertions below)."""
     out = {}
+    blocked = pytest.MonkeyPatch()
+    blocked.setitem(sys.modules, "torchaudio", None)  # ref2va's 32 kHz voice is resampled with PyAV: no torchaudio
     for path in SINGLE:
-        sets = list(TINY_SETTINGS)
-        if path.stem == "h3_ref2va":
-            sets.append('10.audio="h3_voice_160hz.wav"')  # the tiny audio VAE's rate (no torchaudio in CI)
+        sets, model = list(TINY_SETTINGS), tiny_ckpt
+        if path.stem == "h3_fasth3_t2va":  # B serves the tiny FastH3 checkpoint at the template's own 5 steps
+            sets = [s for s in sets if not s.startswith(("5.steps=", "2.actor_name="))]
+            sets.append(f"2.actor_name={json.dumps(FASTH3['actor'])}")  # its own B: the session's serves tiny-random
+            model = tiny_fasth3
         if path.stem == "h3_t2va_turbo":
             from comfy_h3_nodes.engine.model.tiny import build_tiny_lora
 
@@ -89,10 +101,17 @@ def runs(local_host, tiny_ckpt, tmp_path_factory):
             sets += [f"11.lora_path={json.dumps(str(lora))}", "5.steps=4"]
         folder = tmp_path_factory.mktemp(path.stem)
         events = folder / "events.jsonl"
-        res = runner.execute(str(path), model_path=str(tiny_ckpt), sets=sets, output=str(folder),
+        res = runner.execute(str(path), model_path=str(model), sets=sets, output=str(folder),
                              events_out=str(events), quiet=True)
         out[path.stem] = (res, events)
-    return out
+    blocked.undo()
+    yield out
+    import ray
+
+    try:
+        ray.kill(ray.get_actor(FASTH3["actor"], namespace="comfy_h3"), no_restart=True)  # the FastH3 run's own B
+    except ValueError:
+        pass
 
 
 @pytest.mark.parametrize("name", [p.stem for p in SINGLE])
@@ -123,13 +142,15 @@ def test_every_h3_node_reports_timing(runs, name):
     den = next(p for p in payloads.values() if p["node_type"] == "H3RemoteDenoise")
     assert [s["stage"] for s in den["stages"]] == ["a_to_b", "denoise", "b_to_a"]
     assert den["summary"]["a_to_b"]["bytes"] > 0 and den["summary"]["b_to_a"]["fetch_s"] > 0
-    forwards = 3 if name == "h3_t2va_turbo" else 2  # steps 4 (turbo) or 3 sigma points
+    forwards = _forwards(name)
     assert den["summary"]["steps_done"] == forwards
     recorded = [json.loads(line) for line in events.read_text().splitlines()]
     progress = [e for e in recorded if e["type"] == "h3.progress"]
     assert [e["data"]["step"] for e in progress] == list(range(1, forwards + 1))
     if name == "h3_t2va_turbo":
         assert "shift 5 (video)" in den["summary"]["schedule"] and "turbo4.safetensors" in den["summary"]["schedule"]
+    if name == "h3_fasth3_t2va":
+        assert "VSA-H3 (FastH3 v1" in den["summary"]["schedule"] and "kernel torch" in den["summary"]["schedule"]
     assert session.TIMINGS.records(den["request_id"])
 
 
@@ -300,3 +321,44 @@ def test_remote_dit_node_recovers_when_its_b_actor_is_gone(local_host, tiny_ckpt
     (lat,) = asyncio.run(N.H3RemoteDenoise().denoise(second, cond, 3, 3))["result"][0]
     assert lat.latents().latents.shape == (1, 24, 37, 4, 4)
     ray.kill(second.b, no_restart=True)
+
+
+def test_remote_dit_refuses_a_model_b_lacks_before_starting_a_worker(local_host, tiny_ckpt, tmp_path):
+    """The shipped templates' /models/MiniMax-H3 on a machine without it: H3RemoteDiT (the node that owns the
+    setting) fails with the way out, before any DiT worker process loads torch; a folder without the partition too."""
+    import ray
+
+    import comfy_h3_nodes.nodes as N
+    from comfy_h3_nodes.engine.contract.errors import ModelFolderError
+
+    args = ("local", "h3_dit_nomodel", "comfy_h3")
+    with pytest.raises(ModelFolderError) as info:
+        N.H3RemoteDiT().connect(*args, str(tmp_path / "MiniMax-H3"), "transformer", "float32", "sdpa")
+    msg = str(info.value)
+    assert msg == (f"model path {tmp_path / 'MiniMax-H3'} does not exist on machine B; choose a model B has in "
+                   "H3RemoteDiT's model_path, or 'tiny-random' to try the pack without weights.")
+    import shutil
+
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_ckpt, partial, ignore=shutil.ignore_patterns("transformer"))
+    with pytest.raises(ModelFolderError, match=r"lacks the component 'transformer'.*on machine B.*'tiny-random'"):
+        N.H3RemoteDiT().connect(*args, str(partial), "transformer", "float32", "sdpa")
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("h3_dit_nomodel")]
+
+
+def test_remote_dit_names_the_missing_model_when_b_runs_another(local_host, tiny_ckpt, tmp_path):
+    """A running worker asked for a model B lacks keeps serving its own, and the node says both."""
+    import comfy_h3_nodes.nodes as N
+    from comfy_h3_nodes.engine.contract.errors import ModelFolderError
+
+    args = ("local", "h3_dit_switch", "comfy_h3")
+    dit = N.H3RemoteDiT().connect(*args, str(tiny_ckpt), "transformer", "float32", "sdpa")["result"][0]
+    with pytest.raises(ModelFolderError) as info:
+        N.H3RemoteDiT().connect(*args, str(tmp_path / "gone"), "transformer", "float32", "sdpa")
+    assert str(info.value) == (f"model path {tmp_path / 'gone'} does not exist on machine B; choose a model B has in "
+                               "H3RemoteDiT's model_path, or 'tiny-random' to try the pack without weights (B serves "
+                               f"{tiny_ckpt} now and keeps serving it).")
+    import ray
+
+    assert ray.get(dit.b.health.remote(), timeout=30)["ok"]
+    ray.kill(dit.b, no_restart=True)

@@ -69,3 +69,33 @@ def test_pack_version_comes_from_the_checkout_pyproject(tmp_path):
     assert pack_version(other) == "9.9.9"
     other.write_text('[project]\nname = "something-else"\nversion = "1.0"\n')
     assert pack_version(other) != "1.0"  # another project's file is never read as ours
+
+
+def test_install_py_copies_example_inputs_into_comfyuis_input_without_overwriting(tmp_path):
+    """Run from ComfyUI/custom_nodes/comfy-h3 (a copy of the pack's install.py and inputs): the inputs land in
+    ComfyUI/input, a file the user already has there stays as it was."""
+    import shutil
+
+    comfy = tmp_path / "ComfyUI"
+    pack = comfy / "custom_nodes" / "comfy-h3"
+    (pack / "example_workflows").mkdir(parents=True)
+    shutil.copy(ROOT / "install.py", pack)
+    shutil.copy(ROOT / "requirements.txt", pack)
+    shutil.copytree(ROOT / "example_workflows" / "inputs", pack / "example_workflows" / "inputs")
+    (comfy / "main.py").write_text("")
+    (comfy / "input").mkdir()
+    (comfy / "input" / "h3_first.png").write_bytes(b"the user's own file")
+    out = subprocess.run([sys.executable, str(pack / "install.py"), "--no-pip"], capture_output=True, text=True,
+                         timeout=60, cwd=pack)
+    assert out.returncode == 0, out.stderr
+    names = sorted(p.name for p in (ROOT / "example_workflows" / "inputs").iterdir())
+    assert sorted(p.name for p in (comfy / "input").iterdir()) == names
+    assert (comfy / "input" / "h3_first.png").read_bytes() == b"the user's own file"
+    for name in names:
+        if name != "h3_first.png":
+            assert (comfy / "input" / name).read_bytes() == (ROOT / "example_workflows" / "inputs" / name).read_bytes()
+    assert "(not overwritten): h3_first.png" in out.stdout
+    elsewhere = tmp_path / "custom_input"
+    out = subprocess.run([sys.executable, str(pack / "install.py"), "--no-pip", "--input-dir", str(elsewhere)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and sorted(p.name for p in elsewhere.iterdir()) == names

@@ -134,7 +134,8 @@ def test_default_model_root_is_the_parent_of_model_path(tmp_path):
             os.environ[model_roots.ENV] = env_before
 
 
-def test_install_service_writes_a_restarting_unit(tmp_path, capsys):
+def test_install_service_writes_a_restarting_unit(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("H3_PARALLEL_IFACE", "enp1s0")  # parallel denoise: the ranks' gloo/NCCL interface
     ckpt = fake_checkpoint(tmp_path / "models" / "h3")
     token = tmp_path / "token"
     token.write_text("x" * 64)
@@ -150,6 +151,7 @@ def test_install_service_writes_a_restarting_unit(tmp_path, capsys):
                  "--iface enp1s0", f"--token-file {token}", "--partition transformer_ref", "--block"):
         assert part in exec_start, exec_start
     assert any(ln.startswith("ExecStopPost=") and "remote_worker stop" in ln for ln in text.splitlines())
+    assert "Environment=H3_PARALLEL_IFACE=enp1s0" in text.splitlines()
     assert "systemctl daemon-reload" in out and "systemctl enable --now comfy-h3-dit.service" in out
 
 

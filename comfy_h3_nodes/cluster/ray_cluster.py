@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import ctypes
 import ipaddress
+import logging
 import os
 import pathlib
 import signal
@@ -216,6 +217,14 @@ def _sigaction_get(signum: int):
         return None
 
 
+class _NoSigtermNote(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+_NO_SIGTERM_NOTE = _NoSigtermNote()
+
+
 @contextlib.contextmanager
 def _sigterm_kept():
     """Give SIGTERM back its handling from before the block. Starting Ray nodes on the main thread installs handlers
@@ -225,9 +234,12 @@ def _sigterm_kept():
     main = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main else None
     native = _sigaction_get(signal.SIGTERM)
+    ray_log = logging.getLogger("ray._private.worker")
+    ray_log.addFilter(_NO_SIGTERM_NOTE)  # off the main thread Ray says it set no handler: the host's stays, as here
     try:
         yield
     finally:
+        ray_log.removeFilter(_NO_SIGTERM_NOTE)
         if native is not None:
             libc, buf = native
             libc.sigaction(signal.SIGTERM, buf, None)

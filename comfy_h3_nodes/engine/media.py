@@ -50,14 +50,35 @@ def _audio_planar(audio) -> tuple[np.ndarray, int]:
         wf = np.repeat(wf, 2, axis=0)
     rate = int(audio["sample_rate"])
     if rate < AAC_MIN_RATE:
-        # AAC cannot carry such a low rate (only the tiny test model produces one): resample linearly, and say so.
-        n_out = int(round(wf.shape[1] * AAC_FALLBACK_RATE / rate))
-        x_old = np.arange(wf.shape[1]) / rate
-        x_new = np.arange(n_out) / AAC_FALLBACK_RATE
-        wf = np.stack([np.interp(x_new, x_old, ch) for ch in wf]).astype(np.float32)
-        log.warning("audio at %d Hz resampled to %d Hz for AAC", rate, AAC_FALLBACK_RATE)
+        # AAC cannot carry such a low rate (only the tiny test model makes one): resampled, said once per process
+        wf = resample_audio(wf, rate, AAC_FALLBACK_RATE)
+        if rate not in _SAID:
+            _SAID.add(rate)
+            log.info("audio at %d Hz (tiny-random's rate) is written at %d Hz: AAC carries no lower rate", rate,
+                     AAC_FALLBACK_RATE)
         rate = AAC_FALLBACK_RATE
     return np.ascontiguousarray(np.clip(wf, -1.0, 1.0), dtype=np.float32), rate
+
+
+_SAID: set[int] = set()
+
+
+def resample_audio(waveform: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """``[channels, samples]`` float audio (mono or stereo) from ``rate`` to ``target`` Hz with FFmpeg's resampler
+    (PyAV), the library the pack writes its MP4s with."""
+    import av  # noqa: PLC0415 - PyAV loads when audio is resampled or written, not when ComfyUI loads the pack
+
+    wf = np.ascontiguousarray(waveform, dtype=np.float32)
+    if rate == target:
+        return wf
+    if wf.ndim != 2 or wf.shape[0] not in (1, 2):
+        raise ValueError(f"audio has shape {wf.shape}; expected [1 or 2 channels, samples].")
+    layout = "stereo" if wf.shape[0] == 2 else "mono"
+    frame = av.AudioFrame.from_ndarray(wf, format="fltp", layout=layout)
+    frame.sample_rate = int(rate)
+    resampler = av.AudioResampler(format="fltp", layout=layout, rate=int(target))
+    parts = [f.to_ndarray() for f in (*resampler.resample(frame), *resampler.resample(None))]
+    return np.concatenate(parts, axis=1).astype(np.float32) if parts else np.zeros((wf.shape[0], 0), np.float32)
 
 
 def write_mp4(path: pathlib.Path, images, audio, fps: int, metadata: dict | None = None) -> pathlib.Path:

@@ -103,9 +103,9 @@ def adopt_cluster(address: str) -> None:
 
 
 def b_model_choices() -> list[str]:
-    """The choices of H3RemoteDiT's model picker: what B reported at the last connection, and ``tiny-random``."""
+    """The choices of H3RemoteDiT's model picker: what B reported at the last connection, and the tiny ones."""
     with _lock:
-        return list(dict.fromkeys([*B_MODELS, catalog.TINY]))
+        return list(dict.fromkeys([*B_MODELS, *catalog.TINY_CHOICES]))
 
 
 def refresh_b_models(ex) -> list[str]:

@@ -11,7 +11,9 @@ import functools
 import inspect
 import logging
 import socket
+import threading
 import time
+from collections import OrderedDict
 from typing import Callable
 
 from ..engine import session
@@ -151,6 +153,31 @@ def _summary(records: list[StageRecord], compute_stage: str) -> dict:
     if "denoise" in by:
         out["steps_done"] = len(by["denoise"].steps)
     return out
+
+
+class LateReports:
+    """The ``h3_timing`` payloads of batch nodes (``H3TextEncode``, ``H3RemoteDenoise``) that returned before their
+    requests finished, by request id, until the node that waits for the batch (``H3Decode``) takes them into its
+    ``ui``: ComfyUI copies a node's ``ui`` when the node returns, so nothing can be added to it later. Bounded."""
+
+    LIMIT = 4096
+
+    def __init__(self):
+        self._by: OrderedDict[str, list[dict]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, request_id: str, ui: dict) -> None:
+        with self._lock:
+            self._by.setdefault(request_id, []).extend(ui.get("h3_timing", []))
+            while len(self._by) > self.LIMIT:
+                self._by.popitem(last=False)
+
+    def take(self, request_ids) -> list[dict]:
+        with self._lock:
+            return [p for rid in dict.fromkeys(r for r in request_ids if r) for p in self._by.pop(rid, [])]
+
+
+LATE = LateReports()
 
 
 def report(node_type: str, unique_id, records: list[StageRecord], compute_stage: str, extra: dict | None = None,

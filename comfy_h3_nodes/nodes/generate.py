@@ -16,7 +16,7 @@ from ..engine.contract.errors import H3Cancelled, H3Error
 from ..engine.contract.timing import StageRecord
 from ..engine.contract.wire import VIDEO_LATENT_CHANNELS
 from ..host import host
-from .common import (CATEGORY, at, b_host, batch_size, items, named_by_host, one, preview_spec, report, short,
+from .common import (CATEGORY, LATE, at, b_host, batch_size, items, named_by_host, one, preview_spec, report, short,
                      step_events)
 from .save import save_partial
 from .values import dit_parts
@@ -88,11 +88,10 @@ class H3TextEncode:
         if n == 1:  # one request: encoded before the node returns, its timing on this node's output
             cond = a.encode(reqs[0])
             return {"ui": reported(0)(*cond.payload.result()), "result": ([cond],)}
-        timings = later_timings()
-        conds = [a.encode(req, on_done=lambda p, r, i=i: timings.extend(reported(i)(p, r)["h3_timing"]))
+        conds = [a.encode(req, on_done=lambda p, r, i=i: LATE.add(p.request_id, reported(i)(p, r)))
                  for i, req in enumerate(reqs)]
         host().progress_text(f"{n} prompts: encoding one after another on A", unique_id)
-        return {"ui": {"h3_timing": timings}, "result": (conds,)}
+        return {"ui": {}, "result": (conds,)}
 
     @staticmethod
     def _checked(i, n, prompt, width, height, num_frames, keyframes, references) -> rq.ValidEncode:
@@ -162,13 +161,10 @@ class H3RemoteDenoise:
             if host().interrupted():  # the graph may be between nodes: stop every request of the batch here too
                 batch.cancel()
 
-        timings = later_timings()
-
         def done(job):  # the executor's thread: the request's latents are on A
-            timings.extend(report(
+            LATE.add(job.request_id, report(
                 "H3RemoteDenoise", unique_id, named_by_host(job.records, b_host(ex)), "denoise",
-                extra=schedule_extra(job.records, job.params.steps) | {"batch": [index[job.request_id] + 1, n]},
-            )["h3_timing"])
+                extra=schedule_extra(job.records, job.params.steps) | {"batch": [index[job.request_id] + 1, n]}))
 
         slots = Slots(int(one(max_in_flight) or 2))
         for i, (cond, p) in enumerate(zip(conds, params)):
@@ -176,7 +172,7 @@ class H3RemoteDenoise:
             job.batch, index[job.request_id] = batch, i
             batch.jobs.append(job)
         host().progress_text(f"{n} requests in flight to B, at most {slots.n} at a time", unique_id)
-        return {"ui": {"h3_timing": timings}, "result": (batch.jobs,)}
+        return {"ui": {}, "result": (batch.jobs,)}
 
     async def _one(self, ex, cond, params, unique_id):
         """One request: wait for its job here, B's steps on this node's bar; an interrupt stops B within a step."""
@@ -204,13 +200,6 @@ class H3RemoteDenoise:
         ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra,
                     ui={"images": kept} if kept else None)
         return {"ui": ui, "result": ([job],)}
-
-
-def later_timings() -> list:
-    """The ``h3_timing`` list of a batch node's ``ui``, filled as its requests finish (after the node returned).
-    ComfyUI keeps the node's ``ui`` dict by reference until the prompt ends and writes it to ``/history`` then, so
-    the batch's timings land in the history of the node that made them; the UI gets each one as ``h3.timing``."""
-    return []
 
 
 def preview_readout(records: list[StageRecord], note: str) -> dict:
@@ -273,7 +262,11 @@ class H3Decode:
                               for j, why in out.failed)
             raise H3Error(f"{len(out.failed)} of {len(jobs)} requests failed: {names}. The {len(out.done)} finished "
                           f"videos were saved: {', '.join(map(str, saved)) or 'none'}.")
-        return {"ui": {"h3_timing": [t for _, (_m, ui) in out.done for t in ui["h3_timing"]]},
+        # a batch's encode and denoise nodes returned before their requests finished: their records join this
+        # node's ui, each naming its node, so /history keeps every record of the run
+        late = LATE.take([rid for j in jobs for rid in (getattr(j, "conditioning", None) and
+                                                        j.conditioning.request_id, getattr(j, "request_id", None))])
+        return {"ui": {"h3_timing": late + [t for _, (_m, ui) in out.done for t in ui["h3_timing"]]},
                 "result": tuple([m[k] for _, (m, _ui) in out.done] for k in range(3))}
 
     def _one(self, a, job, decode_on, unique_id):

@@ -34,7 +34,7 @@ class H3LoadEncoders:
         session.A_MODEL_ROOTS[:] = host().model_folders()  # what /h3/status lists as A's models
         models = catalog.choices(session.A_MODEL_ROOTS)
         return {"required": {
-            "model_path": (models, {"default": models[0], "tooltip": (
+            "model_path": (models, {"default": catalog.default_choice(models), "tooltip": (
                 "diffusers MiniMax-H3 folder on A (found under ComfyUI's models/diffusers; a typed path works too). "
                 f"'{TINY}' is a tiny random model built on first use: try the pack without weights.")}),
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
@@ -53,7 +53,7 @@ class H3LoadEncoders:
             raise ModelFolderError(err)
         enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend)
         loads = sum(r.seconds for r in enc.load_records) if loaded_now else 0.0
-        what = TINY if catalog.is_tiny(model_path) else str(enc.model_dir)
+        what = catalog.tiny_name(model_path) if catalog.is_tiny(model_path) else str(enc.model_dir)
         plan = getattr(enc, "memory_plan", None)
         rec = local_record("load", t0, w0, load_s=loads,
                            note=("loaded" if loaded_now else "resident") + f" {what}: {', '.join(enc.resident())}"
@@ -91,7 +91,7 @@ class H3RemoteDiT:
                 "worker `remote_worker setup --name h3_dit...` started). Each request goes to the worker that can "
                 "start it soonest; a worker lost mid-request hands it to another")}),
             "namespace": ("STRING", {"default": "comfy_h3"}),
-            "model_path": (models, {"default": models[0], "tooltip": (
+            "model_path": (models, {"default": catalog.default_choice(models), "tooltip": (
                 "model on machine B: the list is what B reported at the last connection (run once, then Refresh); "
                 f"a typed path on B works too. '{TINY}' is a tiny random model B builds on first use.")}),
             "partition": (list(PARTITIONS), {"default": "transformer", "tooltip": (
@@ -171,7 +171,7 @@ def connection_readout(ex) -> tuple[str, dict]:
 
 def b_config_text(b: dict) -> str:
     """What B serves: model, partition(s) resident, dtype and attention backend."""
-    model = TINY if catalog.is_tiny(b.get("model", "")) else b.get("model_dir", "?")
+    model = catalog.tiny_name(b["model"]) if catalog.is_tiny(b.get("model", "")) else b.get("model_dir", "?")
     held = (b.get("memory_plan") or {}).get("resident_partitions") or [b["partition"]]
     return (f"{model}, {' + '.join(held)}, {b['dtype']}, precision {b.get('precision') or 'auto'}, "
             f"attention {b.get('attention_choice') or b['attention_backend']}")

@@ -23,6 +23,7 @@ from ..contract import wire
 from ..contract.configs import A_COMPONENTS, MODEL_COMPONENTS_A
 from ..contract.timing import StageRecord
 from ..contract.request import EncodeRequest, ValidEncode, validate_encode
+from ..media import resample_audio
 from ..model import memory_plan, split, split_decode
 from ..model.backends import resolve_attention_backend
 from ..model.folders import check_model_dir
@@ -72,6 +73,11 @@ class ASide:
     def resident(self) -> dict[str, str]:
         return {n: type(getattr(self._host, n)).__name__ for n in A_COMPONENTS}
 
+    @property
+    def audio_rate(self) -> int:
+        """The audio VAE's sample rate: what a reference voice is resampled to (with PyAV, on A)."""
+        return int(self._host.audio_vae.config.sampling_rate)
+
     def default_canvas(self) -> tuple[int, int]:
         """The canvas a t2va request without a size gets (diffusers' 16:9 default, 768x1344 for the real model)."""
         host = self._host  # the full pipeline over the folder's index: it carries the canvas configs
@@ -86,9 +92,10 @@ class ASide:
             inputs["last_image"] = req.last_image
         elif req.workflow == "ref2va":
             refs = [MiniMaxH3ImageReference(image=im) for im in req.reference_images]
-            if req.reference_audio is not None:
-                refs.append(MiniMaxH3AudioReference(audio=torch.from_numpy(req.reference_audio.waveform),
-                                                    sample_rate=req.reference_audio.sample_rate))
+            if req.reference_audio is not None:  # at the audio VAE's rate already: diffusers resamples nothing
+                clip, rate = req.reference_audio, self.audio_rate
+                wave = resample_audio(clip.waveform, clip.sample_rate, rate)
+                refs.append(MiniMaxH3AudioReference(audio=torch.from_numpy(wave), sample_rate=rate))
             inputs["references"] = refs
         return inputs
 

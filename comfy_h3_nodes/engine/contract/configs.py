@@ -12,6 +12,8 @@ from dataclasses import dataclass
 NAMESPACE = "comfy_h3"
 #: the model choice that is the pack's own tiny random checkpoint, built on first use on each machine
 TINY = "tiny-random"
+#: the same tiny model in FastVideo's FastH3 layout (VSA gates in every block, a VSA config), built on first use too
+TINY_FASTH3 = "tiny-random-fasth3"
 
 WORKFLOWS = ("t2va", "fl2va", "ref2va")
 #: the transformer partition each workflow runs on B
@@ -62,6 +64,9 @@ class BConfig(SideConfig):
     max_restarts: int = -1
     #: B's video VAE decoder for split decode: "auto" (when B's memory plan fits it) or "off"
     decoder: str = "auto"
+    #: FastH3 (VSA) checkpoints: the block-sparse kernel ("auto", "torch", "triton", "fastvideo"; None:
+    #: $H3_VSA_KERNEL, else auto). See engine/model/vsa_kernels.py.
+    vsa_kernel: str | None = None
 
 
 @dataclass

@@ -26,13 +26,13 @@ import ray
 from ...cluster import ray_cluster as cl
 from ..contract import wire
 from ..contract.configs import PARALLEL, BConfig, Timeouts
-from ..contract.errors import H3Cancelled, H3Error, H3Timeout
+from ..contract.errors import H3Cancelled, H3Error, H3Timeout, ModelFolderError
 from ..contract.timing import StageRecord, StepRecord
 from ..model import catalog
 from ..model.backends import BACKENDS
 from . import pool as pl
 from .group import Groups
-from .failures import NODE_SETTLE_S, WORKER_LOST, WorkerLost, first_line, node_lost_error, remote_error
+from .failures import NODE_SETTLE_S, WORKER_LOST, WorkerLost, clean, first_line, node_lost_error, remote_error
 from .handoff import unwrap_ray_error
 
 log = logging.getLogger("comfy_h3.executor")
@@ -129,9 +129,13 @@ class BClient:
         except ray.exceptions.GetTimeoutError as exc:
             raise H3Timeout(f"B did not finish reconfiguring ({desc}) within {self.timeouts.start:.0f} s.") from exc
         except ray.exceptions.RayError as exc:
+            inner = unwrap_ray_error(exc)
+            if isinstance(inner, ModelFolderError):  # B checked the path: its sentence already names the way out
+                raise ModelFolderError(f"{clean(str(inner)).rstrip('.')} (B serves {have['model_dir']} now and "
+                                       "keeps serving it).") from None
             raise H3Error(
                 f"the B actor {self.config.name!r} serves {desc.replace(' -> ', ' and this node asks for ')}, and "
-                f"could not switch: {first_line(unwrap_ray_error(exc)).rstrip('.')}. Set the node to what B serves, "
+                f"could not switch: {first_line(inner).rstrip('.')}. Set the node to what B serves, "
                 "or fix the cause above."
             ) from None
         if primary:

@@ -28,12 +28,23 @@ from typing import Callable
 
 import ray
 
+from ..contract.configs import PARTITION_OF
 from ..contract.errors import DecodeCancelled, H3Cancelled, H3Error
 from ..contract.request import DenoiseParams, ValidRequest
 from ..contract.timing import StageRecord, TimingLog, summarize
 from .a_client import Conditioning
 from .b_client import BClient, Denoised
 from .decode_plan import DecodePlan, DecodePlanner, alone_record
+
+
+def check_trained_steps(health: dict | None, workflow: str, steps: int) -> None:
+    """Refuse, before anything is sent, a step count that B's FastH3 partition for ``workflow`` was not trained for
+    (``trained_steps`` of B's last health check; B itself checks again before it denoises)."""
+    part = PARTITION_OF.get(workflow)
+    want = (((health or {}).get("B") or {}).get("trained_steps") or {}).get(part)
+    if want is not None and int(steps) != int(want):
+        raise H3Error(f"B's {part} is a FastH3 checkpoint trained for {want} sigma points ({want - 1} transformer "
+                      f"forwards) and the request asks for {steps} steps: set steps to {want}.")
 
 
 class Slots:
@@ -211,6 +222,7 @@ class Pipeline:
                 slots: Slots | None = None, on_done: Callable | None = None) -> Job:
         """Start B's denoise of ``cond`` with ``params``; returns the job in flight. ``on_done(job)`` runs once its
         latents are on A (the executor's thread)."""
+        check_trained_steps(self.health(), cond.workflow, params.steps)
         job = Job(self, cond, params, cond.next_request_id())
         self.b.pending += 1
         job.future = self.run(self._run(job, slots or self.slots, on_step, on_done))
@@ -298,6 +310,7 @@ class Pipeline:
     # ------------------------------------------------------------------------------------------------ whole
     async def generate(self, a, req: ValidRequest, on_step: Callable | None = None) -> GenerationResult:
         """One whole request, holding one slot from its encode to its decode."""
+        check_trained_steps(self.health(), req.workflow, req.params.steps)
         async with self.slots:
             cond = a.encode(req.encode)
             job = Job(self, cond, req.params, cond.next_request_id())

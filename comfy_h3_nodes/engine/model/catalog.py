@@ -1,8 +1,9 @@
 """Which MiniMax-H3 models a machine has: the choices its model pickers offer, and what each choice resolves to.
 
-A choice is either ``tiny-random`` or a path. ``tiny-random`` is the pack's tiny random checkpoint (real diffusers
-classes, nothing downloaded), generated on first use into the pack's cache on the machine that resolves it: A builds
-its own for ``H3LoadEncoders``, B builds its own for the DiT actor. Any other choice is a path, used as given (a typed
+A choice is either ``tiny-random``, ``tiny-random-fasth3`` or a path. ``tiny-random`` is the pack's tiny random
+checkpoint (real diffusers classes, nothing downloaded), generated on first use into the pack's cache on the machine
+that resolves it: A builds its own for ``H3LoadEncoders``, B builds its own for the DiT actor. ``tiny-random-fasth3`` is
+the same model in FastH3's layout (VSA gates and a VSA config; :mod:`.tiny_fasth3`), built the same way. Any other choice is a path, used as given (a typed
 path still works); :func:`find_models` lists the diffusers folders (those holding ``modular_model_index.json``) under
 a machine's model roots, which is what the pickers show.
 
@@ -20,13 +21,15 @@ import shutil
 import tempfile
 from typing import Iterable
 
-from ..contract.configs import MODEL_INDEX, TINY
+from ..contract.configs import MODEL_INDEX, TINY, TINY_FASTH3
 
 TINY_SEED = 0
 #: the tiny model's layout version (a cache built by another layout is never reused: v2 has 2 heads of 8)
 TINY_VERSION = 2
 #: how deep under a model root a checkpoint folder may sit (``root/MiniMax-H3``, ``root/vendor/MiniMax-H3``)
 SEARCH_DEPTH = 2
+#: the tiny choices, as the pickers list them (``tiny-random`` last)
+TINY_CHOICES = (TINY_FASTH3, TINY)
 
 
 def cache_root() -> pathlib.Path:
@@ -34,30 +37,44 @@ def cache_root() -> pathlib.Path:
 
 
 def is_tiny(choice) -> bool:
-    return isinstance(choice, str) and choice.strip() == TINY
+    return isinstance(choice, str) and choice.strip() in TINY_CHOICES
 
 
-def tiny_checkpoint_dir(announce=print) -> pathlib.Path:
-    """The tiny random checkpoint (the one ``make demo`` uses), generated on first use.
+def tiny_name(choice: str) -> str:
+    return choice.strip()
+
+
+def tiny_checkpoint_dir(announce=print, name: str = TINY) -> pathlib.Path:
+    """The tiny random checkpoint (the one ``make demo`` uses; ``name`` ``tiny-random-fasth3``: its FastH3 form),
+    generated on first use.
 
     Safe when several processes ask at once (A and B of the embedded cluster share one machine): one builds it under
     a lock into a temporary folder and renames it into place, the others wait for the lock and reuse it.
     """
     root = cache_root()
-    path = root / f"tiny-h3-v{TINY_VERSION}-seed{TINY_SEED}"
+    fasth3 = tiny_name(name) == TINY_FASTH3
+    path = root / f"tiny-h3-v{TINY_VERSION}-{'fasth3-' if fasth3 else ''}seed{TINY_SEED}"
     if (path / MODEL_INDEX).is_file():
         return path
     root.mkdir(parents=True, exist_ok=True)
     with _file_lock(root / ".tiny.lock"):
         if (path / MODEL_INDEX).is_file():
             return path
-        from .tiny import build_tiny_checkpoint  # built on first use: torch and diffusers load only then
+        # built on first use: torch and diffusers load only then
+        from .split import quiet_weight_norm  # noqa: PLC0415
+        from .tiny import build_tiny_checkpoint  # noqa: PLC0415
+        from .tiny_fasth3 import build_tiny_fasth3  # noqa: PLC0415
 
         if announce is not None:
-            announce(f"[comfy-h3] generating the tiny random checkpoint in {path} (first use, a few seconds)")
+            announce(f"[comfy-h3] generating the tiny random {'FastH3 ' if fasth3 else ''}checkpoint in {path} "
+                     "(first use, a few seconds)")
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=root))
         try:
-            build_tiny_checkpoint(tmp / "ckpt", seed=TINY_SEED, formats=False)  # the model only: no test fixtures
+            with quiet_weight_norm():  # the audio VAE's construction warns on every build
+                if fasth3:
+                    build_tiny_fasth3(tmp / "ckpt", seed=TINY_SEED)
+                else:
+                    build_tiny_checkpoint(tmp / "ckpt", seed=TINY_SEED, formats=False)  # the model only: no fixtures
             if path.exists():  # a broken earlier build (no index): replace it
                 shutil.rmtree(path)
             os.replace(tmp / "ckpt", path)
@@ -97,9 +114,9 @@ def _file_lock(path: pathlib.Path):
 
 
 def resolve(choice: str, announce=print) -> str:
-    """The folder a picker choice names: ``tiny-random`` is built on first use; a path is returned as typed."""
+    """The folder a picker choice names: the tiny ones are built on first use; a path is returned as typed."""
     if is_tiny(choice):
-        return str(tiny_checkpoint_dir(announce))
+        return str(tiny_checkpoint_dir(announce, tiny_name(choice)))
     return os.path.expanduser(str(choice).strip())
 
 
@@ -134,14 +151,19 @@ def find_models(roots: Iterable[str | os.PathLike], depth: int = SEARCH_DEPTH) -
 
 
 def choices(roots: Iterable[str | os.PathLike]) -> list[str]:
-    """What a model picker offers: the models found under ``roots``, then ``tiny-random``."""
-    return [*find_models(roots), TINY]
+    """What a model picker offers: the models found under ``roots``, then the tiny ones (``tiny-random`` last)."""
+    return [*find_models(roots), *TINY_CHOICES]
+
+
+def default_choice(choices: list[str]) -> str:
+    """A picker's default: the first model found, else ``tiny-random`` (the one that runs with the default steps)."""
+    return next((c for c in choices if not is_tiny(c)), TINY)
 
 
 def same_model(a: str, b: str) -> bool:
-    """Whether two choices name the same model (``tiny-random`` only equals itself; paths compare resolved)."""
+    """Whether two choices name the same model (a tiny choice only equals itself; paths compare resolved)."""
     if is_tiny(a) or is_tiny(b):
-        return is_tiny(a) and is_tiny(b)
+        return is_tiny(a) and is_tiny(b) and tiny_name(a) == tiny_name(b)
     return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
 
 

@@ -14,8 +14,11 @@ kind             what it is                                                  loa
                  (Q8_0, K-quants, ...; small tensors F32/BF16)                ``GGUFQuantizationConfig``
 ===============  ==========================================================  ==========================================
 
+A ``folder`` may be a FastH3 one (FastVideo's VSA checkpoints: ``to_gate_compress`` tensors in every main block);
+:mod:`.fasth3` reads its VSA settings into ``TransformerSource.vsa``.
+
 Refused, each with one sentence naming what was found and what works instead: pruned files (``adaln_t_table`` in place
-of ``time_embedder``), FastVideo VSA checkpoints (``gate_compress`` tensors or a VSA config), diffusers-named shards
+of ``time_embedder``), VSA gates in a single file or a GGUF (FastH3 loads as a folder), diffusers-named shards
 given as a file, LoRA files, and anything else that is not an H3 transformer.
 
 :func:`detect` is the one entry point (B's loader and the memory plan call it); :func:`is_h3_transformer` is the
@@ -44,6 +47,7 @@ import gguf
 
 from ..contract.configs import PARTITIONS
 from ..contract.errors import ModelFolderError
+from . import fasth3
 
 H3_CLASS = "MiniMaxH3Transformer3DModel"
 #: diffusers' own detection key for the published single-file layout (``CHECKPOINT_KEY_NAMES["minimax-h3"]``)
@@ -96,6 +100,7 @@ class TransformerSource:
     config_root: pathlib.Path | None = None  # from_single_file(config=config_root, subfolder=subfolder)
     subfolder: str = "transformer"
     metadata: dict = field(default_factory=dict)
+    vsa: fasth3.VSASettings | None = None  # a FastH3 folder: how its VSA-H3 attention runs
 
     @property
     def file_bytes(self) -> int:
@@ -265,8 +270,9 @@ def _guess_foreign(names: list[str]) -> str:
     return "another model"
 
 
-def classify_keys(names: list[str], where: str) -> str:
-    """``"published"`` or ``"diffusers"`` for an H3 transformer's tensor names; otherwise :class:`FormatError`."""
+def classify_keys(names: list[str], where: str, vsa_ok: bool = False) -> str:
+    """``"published"`` or ``"diffusers"`` for an H3 transformer's tensor names; otherwise :class:`FormatError`.
+    ``vsa_ok``: a folder, where VSA gates are FastH3's (:mod:`.fasth3` checks them)."""
     keys = set(names)
     pruned = [n for n in names if n.endswith(PRUNED_MARKER)]
     if pruned:
@@ -275,12 +281,11 @@ def classify_keys(names: list[str], where: str) -> str:
             "diffusers' MiniMaxH3Transformer3DModel cannot load: use the unpruned files instead (Comfy-Org's "
             "`minimax_h3_{fl2va,ref2va}_bf16.safetensors`, an unpruned GGUF, or the MiniMaxAI/MiniMax-H3 folder).")
     vsa = [n for n in names if any(m in n for m in VSA_MARKERS)]
-    if vsa:
+    if vsa and not vsa_ok:
         raise FormatError(
-            f"{where} is a FastVideo VSA (video sparse attention) checkpoint ({len(vsa)} tensors such as "
-            f"`{vsa[0]}`), which needs FastVideo's VSA kernels, and dense attention is no substitute: use a dense "
-            "MiniMax-H3 checkpoint (the MiniMaxAI/MiniMax-H3 diffusers folder, FastH3 v0.1/v0.2/v1-Dense, "
-            "Comfy-Org's unpruned single files or an unpruned GGUF).")
+            f"{where} holds FastVideo VSA (video sparse attention) gates ({len(vsa)} tensors such as `{vsa[0]}`) "
+            "in a single file, and dense attention is no substitute: FastH3 (VSA) checkpoints load as a diffusers "
+            "folder (its transformer/ with config.json and shards), so point B at the FastH3 folder instead.")
     if PUBLISHED_MARKER in keys:
         return "published"
     if DIFFUSERS_MARKER in keys:
@@ -300,8 +305,9 @@ def _check_vsa_config(config: dict, where: str) -> None:
     hits = [k for k in config if "vsa" in k.lower() or "sparse" in k.lower() or "sparsity" in k.lower()]
     if hits:
         raise FormatError(
-            f"{where} is configured for FastVideo's VSA attention (config keys {', '.join(hits)}), which needs "
-            "FastVideo's VSA kernels; dense attention is no substitute: use a dense MiniMax-H3 checkpoint.")
+            f"{where} is configured for FastVideo's VSA attention (config keys {', '.join(hits)}) without the VSA "
+            "gate tensors it needs, and dense attention is no substitute: use the FastH3 folder with its gates, or a "
+            "dense MiniMax-H3 checkpoint.")
     cls = config.get("_class_name")
     if cls and cls != H3_CLASS:
         raise FormatError(f"{where} is a {cls}, not a {H3_CLASS}: point B at a MiniMax-H3 transformer.")
@@ -342,15 +348,16 @@ def detect(path: str | os.PathLike, partition: str = "transformer",
             raise FormatError(f"{p} is not a diffusers transformer folder (it needs config.json and *.safetensors "
                               "shards).")
         config = json.loads(cfg_path.read_text())
-        _check_vsa_config(config, str(p))
         tensors: dict[str, TensorInfo] = {}
         for f in files:
             tensors.update(read_safetensors_header(f)[0])
-        kind = classify_keys(list(tensors), str(p))
+        vsa = fasth3.detect(p, config, tensors, str(p))
+        _check_vsa_config(config if vsa is None else {"_class_name": config.get("_class_name")}, str(p))
+        kind = classify_keys(list(tensors), str(p), vsa_ok=vsa is not None)
         if kind != "diffusers":
             raise FormatError(f"{p} holds the published single-file layout in a diffusers folder; give the file "
                               "itself instead of the folder.")
-        return TransformerSource("folder", p.resolve(), tensors, p.parent.resolve(), p.name)
+        return TransformerSource("folder", p.resolve(), tensors, p.parent.resolve(), p.name, vsa=vsa)
     suffix = p.suffix.lower()
     if suffix == ".safetensors":
         tensors, meta = read_safetensors_header(p)

@@ -41,6 +41,7 @@ from ..contract import wire
 from ..contract.configs import PARTITIONS, PRECISIONS
 from ..contract.errors import ModelFolderError
 from . import formats
+from .vsa import add_gate_projections
 
 LIMIT_ENV = "H3_MEMORY_LIMIT_BYTES"
 MARGIN_ENV = "H3_MEMORY_MARGIN"
@@ -66,15 +67,19 @@ def human(n: float) -> str:
 
 # ---------------------------------------------------------------------------------------------------- skeletons
 @functools.lru_cache(maxsize=8)
-def _skeleton(config_json: str):
-    """The transformer built on the meta device from its config (no weights): names, shapes, module types."""
-    config = {k: v for k, v in json.loads(config_json).items() if not k.startswith("_")}
+def _skeleton(config_json: str, vsa: bool = False):
+    """The transformer built on the meta device from its config (no weights): names, shapes, module types; a FastH3
+    one (``vsa``) with the gate of every main block, as B builds it."""
+    config = {k: v for k, v in json.loads(config_json).items() if not k.startswith("_") and k != "vsa"}
     with init_empty_weights():
-        return MiniMaxH3Transformer3DModel.from_config(config)
+        model = MiniMaxH3Transformer3DModel.from_config(config)
+        if vsa:
+            add_gate_projections(model)
+    return model
 
 
-def skeleton(config: dict):
-    return _skeleton(json.dumps(config, sort_keys=True))
+def skeleton(config: dict, vsa: bool = False):
+    return _skeleton(json.dumps(config, sort_keys=True), vsa)
 
 
 def keep_fp32(cls, name: str) -> bool:
@@ -125,7 +130,7 @@ def transformer_bytes(source: formats.TransformerSource, precision: str, dtype: 
     source's headers and config; also checks that the source's tensors are exactly the config's."""
     precision = resolve_precision(precision, source)
     config = source.config()
-    model = skeleton(config)
+    model = skeleton(config, vsa=source.vsa is not None)  # FastH3: + 1 gate per block (1.93 B at release size)
     cls = type(model)
     params = dict(model.named_parameters())
     formats.check_covers(source, {n: tuple(p.shape) for n, p in params.items()})

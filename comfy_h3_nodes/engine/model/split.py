@@ -9,8 +9,10 @@ No model code lives here: every block and component is diffusers'. Folder checks
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -69,6 +71,16 @@ class Loaded:
     records: list[LoadRecord] = field(default_factory=list)
 
 
+@contextlib.contextmanager
+def quiet_weight_norm():
+    """The audio VAE is built with ``torch.nn.utils.weight_norm``, which torch deprecates with a FutureWarning on
+    every load; the model is diffusers' to change, the warning nothing a user can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.nn\.utils\.weight_norm.* is deprecated",
+                                category=FutureWarning)
+        yield
+
+
 def load_checked(model_dir: pathlib.Path, names: tuple[str, ...], dtype: str, device: str,
                  reason: str = "startup", host=None) -> Loaded:
     """Load ``names`` through diffusers' ``load_components`` and raise if any came back ``None``.
@@ -87,7 +99,8 @@ def load_checked(model_dir: pathlib.Path, names: tuple[str, ...], dtype: str, de
             # (62 GB text encoder, 62 GB transformer partition) and can freeze the machine
             kwargs["device_map"] = device
         try:
-            host.load_components(names=[name], **kwargs)
+            with quiet_weight_norm():
+                host.load_components(names=[name], **kwargs)
         except Exception as exc:  # noqa: BLE001 - re-raised with the folder and component named
             raise ModelFolderError(f"component {name!r} in {model_dir} failed to load: {exc}") from exc
         comp = getattr(host, name, None)

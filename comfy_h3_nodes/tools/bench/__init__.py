@@ -16,7 +16,11 @@ Verbs (each starts the embedded two-node Ray cluster, or reuses the one this pro
 * ``decode``: one request's video decode by A alone versus split with B (``decode_on`` ``A`` vs ``A+B``, shares
   from the measured clip times) at 124 and 345 frames, each actor pinned to one CPU thread, with a larger random video
   VAE (the real diffusers class, random weights, built here) so the decode is compute-bound like the released one.
-* ``all``: every bench above in one cluster.
+* ``preview``: B's cost and the bytes of one live preview at 1344x768 with 124 and 345 frames, against a step.
+* ``vsa``: VSA-H3 attention (FastH3's video sparse attention) against dense attention over one packed sequence at a
+  tiny shape with enough tiles, on this machine (no cluster); the sparsity it ran at and the error against dense
+  attention restricted to the kept tiles.
+* ``all``: every bench above in one cluster (``vsa`` excepted).
 
 ``--json`` makes the LAST line of output one JSON object; ``--quick`` shrinks counts for the smoke test.
 Numbers are medians; the goals (ratio_vs_raw <= 1.2, makespan <= 1.05 x ideal, >= 1.6 x sequential, step overhead
@@ -31,7 +35,7 @@ import json
 import os
 
 from .. import runner
-from . import batch, decode, handoff, memory, parallel, pipeline, pool, step
+from . import batch, decode, handoff, memory, parallel, pipeline, pool, preview, step, vsa
 from .common import DEFAULT_SYNTHETIC, cluster, tiny_checkpoint
 
 
@@ -76,6 +80,14 @@ def _parser() -> argparse.ArgumentParser:
     po = common(sub.add_parser("pool", help="B-bound requests through a pool of 1, then 2 DiT workers (bench_pool)"))
     po.add_argument("--requests", type=int, default=None, help="requests per run (default 8; quick 3)")
     po.add_argument("--ckpt", default=None)
+    pv = common(sub.add_parser("preview", help="one live preview's cost on B and its bytes, at real size"))
+    pv.add_argument("--repeats", type=int, default=None, help="measured previews per shape (default 50; quick 3)")
+    vs = common(sub.add_parser("vsa", help="VSA-H3 vs dense attention time at a tiny shape (no cluster)"))
+    vs.add_argument("--sparsity", type=float, default=None, help="VSA sparsity (default FastH3 v1's 0.9)")
+    vs.add_argument("--tile-size", type=int, default=64, choices=(64, 256))
+    vs.add_argument("--repeats", type=int, default=None, help="measured repeats (default 5; quick 2)")
+    vs.add_argument("--device", default="cpu")
+    vs.add_argument("--kernel", default=None, help="VSA kernel (default $H3_VSA_KERNEL, else auto)")
     a = common(sub.add_parser("all", help="every bench, one cluster"))
     a.add_argument("--repeats", type=int, default=None)
     a.add_argument("--requests", type=int, default=None)
@@ -107,6 +119,16 @@ def main(argv: list[str]) -> int:
         res = parallel.run_parallel(args.repeats or (1 if quick else 3), args.steps, quick, log)
         if args.json:
             print(json.dumps(res), flush=True)  # exactly {"ranks": {...}, "speedup": ..., "shape": {...}}
+        return 0
+    if verb == "preview":  # no cluster: B's own computation
+        res = preview.run_preview(args.repeats or (3 if quick else 50), log)
+        if args.json:
+            print(json.dumps(res), flush=True)
+        return 0
+    if verb == "vsa":  # attention only, in this process
+        res = vsa.run_vsa(quick, args.sparsity, args.tile_size, args.repeats, args.device, args.kernel, log)
+        if args.json:
+            print(vsa.main_json(res), flush=True)
         return 0
     if verb == "pool":  # its own three-node cluster: .pool
         res = pool.run_pool(args.requests or (3 if quick else 8), ckpt=args.ckpt and tiny_checkpoint(args.ckpt), log=log)
