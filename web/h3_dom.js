@@ -65,7 +65,7 @@ svg.h3-wf .h3-stage-load .h3-bar-rect, svg.h3-wf .h3-stage-connect .h3-bar-rect 
 svg.h3-wf .h3-ctx .h3-bar-rect, svg .h3-ctx-key { fill: rgba(150, 150, 150, .45); stroke: #aaa; stroke-dasharray: 3 2; }
 svg.h3-wf .h3-gap-label, svg.h3-wf .h3-bar-label { fill: currentColor; font: 10px system-ui, sans-serif;
   dominant-baseline: middle; pointer-events: none; }
-svg.h3-wf .h3-bar-label { fill: #fff; }
+svg.h3-wf .h3-bar-label { fill: #fff; font-size: 9.5px; paint-order: stroke; stroke: rgba(0, 0, 0, .45); stroke-width: 2px; }
 svg.h3-wf .h3-gaps .h3-gap-label { font-style: italic; opacity: .75; }
 svg.h3-wf .h3-live .h3-bar-rect { fill-opacity: .55; stroke-dasharray: 3 2; }
 svg.h3-wf .h3-bar.h3-slow .h3-bar-rect { stroke: #ff3b30; stroke-width: 1.5; }
@@ -223,7 +223,8 @@ export function renderWaterfall(doc, geom) {
     }
     if (b.ticks.length) {
       // one path for all forwards: a 50-step denoise is one element, not fifty
-      const d = b.ticks.map((k) => `M${Math.round(k.x * 100) / 100} ${b.y + 2}V${b.y + b.h - 2}`).join("");
+      // in the bar's lower third, so that its label above stays readable
+      const d = b.ticks.map((k) => `M${Math.round(k.x * 100) / 100} ${b.y + b.h * 0.65}V${b.y + b.h - 1.5}`).join("");
       const path = svg(doc, "path", { class: "h3-tick", d });
       path.dataset.steps = String(b.ticks.length);
       path.dataset.seconds = b.ticks.map((k) => k.seconds).join(";");
@@ -427,7 +428,10 @@ export class TimelinePanel {
     const reqs = store.requestList();
     const nodes = [];
     const seen = new Set();
-    const loadsKey = store.loads.length ? `${store.loads.length}:${store.loads[store.loads.length - 1].end}` : "0";
+    // a row also shows the records without a request inside it and what other requests ran meanwhile
+    let records = 0;
+    for (const r of reqs) records += r.records.length;
+    const loadsKey = `${records}|${store.loads.length ? `${store.loads.length}:${store.loads[store.loads.length - 1].end}` : "0"}`;
     for (const req of reqs) {
       seen.add(req.request_id);
       const name = store.promptNames.get(req.run_prompt ?? req.prompt_id ?? "") ?? "";
@@ -452,7 +456,9 @@ export class TimelinePanel {
     box.dataset.state = req.state;
     const context = store?.loads ?? [];
     const s = requestSummary(req, { context });
-    const geom = waterfall(req, { width: this._width || 640 }, { context });
+    const others = [];
+    for (const other of store?.requests?.values?.() ?? []) if (other !== req) others.push(...other.records);
+    const geom = waterfall(req, { width: this._width || 640 }, { context, others });
     const head = el(doc, "div", "h3-req-head");
     const title = requestName(req, name, store);
     head.appendChild(el(doc, "span", "h3-req-name", title));

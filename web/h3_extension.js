@@ -133,6 +133,7 @@ function renderNodes() {
 }
 
 function attach(node) {
+  syncWorkflow(); // a node made by loading another workflow shows that workflow's state
   if (state.bModels && nodeClass(node) === B_MODEL_NODE_TYPE) safe(setModelChoices)(node, state.bModels);
   if (!node || readouts.has(node) || !isH3NodeType(nodeClass(node))) return;
   if (typeof node.addDOMWidget !== "function") return;
@@ -378,8 +379,16 @@ async function exportTimings(format) {
 
 // ------------------------------------------------------------------------------------------------ events
 
+/** The store follows the workflow on screen (checked before each event: the frontend switches tabs on its own). */
+function syncWorkflow() {
+  return store.setActiveWorkflow(activeWorkflowName());
+}
+
 function listen() {
-  const on = (type, fn) => api.addEventListener(type, safe(fn));
+  const on = (type, fn) => api.addEventListener(type, safe((e) => {
+    if (syncWorkflow()) renderNodes();
+    return fn(e);
+  }));
   on("h3.timing", (e) => {
     offerBModels(e.detail);
     if (store.ingestTiming(e.detail)) changed();
@@ -503,7 +512,7 @@ app.registerExtension({
         refreshTimings(true, true);
       }));
     }
-    store.setActiveWorkflow(activeWorkflowName());
+    syncWorkflow();
     for (const node of graphNodes()) attach(node);
     refreshStatus(true);
     refreshTimings(true, true);
@@ -513,7 +522,7 @@ app.registerExtension({
   // (the frontend names the new active workflow once the graph is configured: checked again right after)
   afterConfigureGraph: safe(() => {
     const check = safe(() => {
-      if (store.setActiveWorkflow(activeWorkflowName())) changed();
+      if (syncWorkflow()) changed();
     });
     check();
     setTimeout(check, 0);

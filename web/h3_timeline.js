@@ -41,7 +41,7 @@ export const LEGEND = Object.freeze([
   { key: "wait", cls: "h3-seg-wait", label: "waiting for the sender", kind: "seg" },
   { key: "fetch", cls: "h3-seg-fetch", label: "fetch", kind: "seg" },
   { key: "materialize", cls: "h3-seg-materialize", label: "materialise", kind: "seg" },
-  { key: "gap", cls: "h3-gap", label: "hatched: machine idle for this request", kind: "mark" },
+  { key: "gap", cls: "h3-gap", label: "hatched: the request waits (machine idle, or on other requests)", kind: "mark" },
   { key: "live", cls: "h3-live", label: "dashed: still running", kind: "mark" },
   { key: "slow", cls: "h3-slow", label: "red outline: slow transfer", kind: "mark" },
   { key: "tick", cls: "h3-tick", label: "white ticks: one per forward", kind: "mark" },
@@ -94,6 +94,13 @@ function mergeIntervals(list) {
 
 const WAITING_FOR = { A: "B", B: "A" };
 
+/** The share of [a, b] that merged intervals cover. */
+function busyShare(ivs, a, b) {
+  let covered = 0;
+  for (const [s, e] of ivs) covered += Math.max(0, Math.min(e, b) - Math.max(s, a));
+  return b > a ? covered / (b - a) : 0;
+}
+
 /**
  * The waterfall of one request.
  *
@@ -107,10 +114,11 @@ const WAITING_FOR = { A: "B", B: "A" };
  * context: [...], gaps: [...], axis: [{x, t, label, anchor}], untimed: [...], cached: [...]}` where a bar is `{key,
  * stage, label, text, lane, x, y, w, h, start, end, dur_s, cls, live, title, segments: [{kind, x, w, seconds}],
  * ticks: [{x, t, step, seconds}], record}`, a context bar `{stage, label, text, lane, x, y, w, h, start, end, dur_s,
- * title}` and a gap `{lane, x, y, w, h, start, end, dur_s, title, text}` (a stretch where that machine ran nothing
- * of the request; `text` is its label when it fits and no context bar explains it).
+ * title}` and a gap `{lane, x, y, w, h, start, end, dur_s, title, text, elsewhere}` (a stretch where that machine
+ * ran nothing of the request; `text` is its label when it fits and no context bar explains it; `elsewhere` when the
+ * machine worked on `others`, the records of other requests, for most of it: in a batch the request waits its turn).
  */
-export function waterfall(req, layout = {}, { context = [] } = {}) {
+export function waterfall(req, layout = {}, { context = [], others = [] } = {}) {
   const L = { ...DEFAULT_LAYOUT, ...layout };
   const own = runRecords(req);
   const records = own.map(normalizeRecord).filter(Boolean);
@@ -214,7 +222,15 @@ export function waterfall(req, layout = {}, { context = [] } = {}) {
                             "\n  a connect this long started the Ray cluster and/or B's DiT (first run, or B restarted)" : "") });
   }
 
-  // idle stretches per lane within [t0, t1]
+  // idle stretches per lane within [t0, t1]; what the machine did for other requests meanwhile
+  const otherBusy = {};
+  for (const raw of Array.isArray(others) ? others : []) {
+    const r = normalizeRecord(raw);
+    if (!r || r.start === null || r.end === null || r.request_id === geom.request_id) continue;
+    const lane = LANES.includes(r.machine) ? r.machine : defaultMachine(r.stage);
+    (otherBusy[lane] ??= []).push([r.start, r.end]);
+  }
+  for (const k of Object.keys(otherBusy)) otherBusy[k] = mergeIntervals(otherBusy[k]);
   const minGap = Math.max(L.minGapSeconds, L.minGapShare * geom.total_s);
   for (const lane of lanes) {
     const busy = mergeIntervals(all.filter((r) => laneOf(r) === lane.id).map((r) => [r.start, r.end]));
@@ -232,10 +248,15 @@ export function waterfall(req, layout = {}, { context = [] } = {}) {
       const explained = geom.context.filter((c) => c.lane === lane.id && c.start < b && c.end > a)
         .reduce((acc, c) => acc + Math.min(c.end, b) - Math.max(c.start, a), 0) > 0.5 * (b - a);
       const other = WAITING_FOR[lane.id];
-      const text = explained ? "" : fit([`${lane.id} idle ${fmtSeconds(b - a)}: waits for ${other}`,
-                                         `${lane.id} idle ${fmtSeconds(b - a)}`, `idle ${fmtSeconds(b - a)}`], w);
+      const elsewhere = busyShare(otherBusy[lane.id] ?? [], a, b) > 0.5;
+      const d = fmtSeconds(b - a);
+      const texts = elsewhere ? [`${lane.id} on other requests ${d}`, `other requests ${d}`, `busy ${d}`] :
+        [`${lane.id} idle ${d}: waits for ${other}`, `${lane.id} idle ${d}`, `idle ${d}`];
+      const text = explained ? "" : fit(texts, w);
       geom.gaps.push({ lane: lane.id, x: sx(a), y: lane.y, w, h: lane.h, start: a, end: b, dur_s: b - a, text,
-                       title: `${lane.id} waited ${fmtSeconds(b - a)} (for ${other})` });
+                       elsewhere,
+                       title: elsewhere ? `${lane.id} worked on other requests for ${d} while this one waited its turn` :
+                         `${lane.id} waited ${d} (for ${other})` });
     }
   }
 
@@ -272,8 +293,9 @@ function axisTicks(total, sx, t0, L) {
 /**
  * Wall-clock time of a request's run split so that the parts add up to its total: each instant of [t0, t1] is
  * counted once, under the stage running then (the later stage when two overlap, e.g. B's and A's halves of a split
- * decode are one "decode"), else under a record without a request running then (connect...), else as idle.
- * Returns `[{stage, seconds, label, context}]` in pipeline order, idle last.
+ * decode are one "decode"), else under a record without a request running then (connect...), else as waiting
+ * (its machines idle, or in a batch busy with the other requests). Returns `[{stage, seconds, label, context}]` in
+ * pipeline order, waiting last.
  */
 export function wallBreakdown(records, t0, t1, context = []) {
   const own = records.filter((r) => r.start !== null && r.end !== null && r.end > r.start && !r.rank);
@@ -295,15 +317,15 @@ export function wallBreakdown(records, t0, t1, context = []) {
       key = running.reduce((best, r) => (stageRank(r.stage) > stageRank(best.stage) ? r : best)).stage;
     } else {
       const c = ctx.find((r) => r.start <= mid && r.end >= mid);
-      key = c ? `ctx:${contextLabel(c)}` : "idle";
+      key = c ? `ctx:${contextLabel(c)}` : "waiting";
     }
     sums.set(key, (sums.get(key) ?? 0) + (b - a));
   }
   const out = [...sums.entries()].map(([key, seconds]) => ({
     stage: key.startsWith("ctx:") ? "context" : key, seconds, context: key.startsWith("ctx:"),
-    label: key.startsWith("ctx:") ? key.slice(4) : key === "idle" ? "idle" : stageLabel(key),
+    label: key.startsWith("ctx:") ? key.slice(4) : key === "waiting" ? "waiting" : stageLabel(key),
   }));
-  const rank = (p) => (p.stage === "idle" ? 1e9 : p.context ? stageRank("a_to_b") - 0.5 : stageRank(p.stage));
+  const rank = (p) => (p.stage === "waiting" ? 1e9 : p.context ? stageRank("a_to_b") - 0.5 : stageRank(p.stage));
   return out.sort((a, b) => rank(a) - rank(b));
 }
 
