@@ -264,12 +264,14 @@ export function waterfall(req, layout = {}, { context = [], others = [] } = {}) 
   return geom;
 }
 
-/** Axis ticks at 1-2-5 steps from zero; a label that would leave the chart or touch its neighbour is not drawn. */
+/**
+ * Axis ticks at 1-2-5 steps from zero. Each label stays inside the chart (the last one ends at the right edge
+ * instead of past it); the first and the last are always drawn, one between them only where it touches neither.
+ */
 function axisTicks(total, sx, t0, L) {
   const step = niceStep(total, L.targetTicks);
   const out = [];
   const cw = 0.9 * L.charWidth;
-  let lastRight = -Infinity;
   for (let k = 0; k * step <= total * (1 + 1e-9) && k < 1000; k += 1) {
     const t = k * step;
     const x = sx(t0 + t);
@@ -281,9 +283,16 @@ function axisTicks(total, sx, t0, L) {
       anchor = "end";
       left = x - w;
     }
-    const show = left >= 0 && left + w <= L.width && left >= lastRight + L.minLabelGap;
-    if (show) lastRight = left + w;
-    out.push({ x, t, label: show ? label : "", anchor, left, right: left + w });
+    out.push({ x, t, label, anchor, left: Math.max(0, left), right: Math.max(0, left) + w });
+  }
+  if (out.length > 1) {
+    const end = out[out.length - 1];
+    let prevRight = out[0].right;
+    for (const a of out.slice(1, -1)) {
+      if (a.left >= prevRight + L.minLabelGap && a.right + L.minLabelGap <= end.left) prevRight = a.right;
+      else a.label = "";
+    }
+    if (end.left < out[0].right + L.minLabelGap) end.label = ""; // a chart too narrow for two labels keeps "0"
   }
   return out;
 }
