@@ -207,3 +207,21 @@ def covered(boxes: list[dict], mask: list[str], step: int = MASK_STEP) -> list[s
 
 def fmt_box(box) -> str:
     return "[" + ", ".join(f"{v:.0f}" for v in box) + "]"
+
+
+#: JS: resolves once nothing under ``selector`` changed for ``quiet`` ms (at most ``limit`` ms): the panel redraws
+#: a debounced moment after each event and after the routes it reads answer.
+JS_WAIT_QUIET = """([selector, quiet, limit]) => new Promise((resolve) => {
+  const root = document.querySelector(selector);
+  if (!root) return resolve(false);
+  let last = performance.now();
+  const obs = new MutationObserver(() => { last = performance.now(); });
+  obs.observe(root, { subtree: true, childList: true, attributes: true, characterData: true });
+  const t0 = performance.now();
+  const tick = () => {
+    const now = performance.now();
+    if (now - last >= quiet || now - t0 >= limit) { obs.disconnect(); resolve(now - last >= quiet); }
+    else setTimeout(tick, 50);
+  };
+  tick();
+})"""

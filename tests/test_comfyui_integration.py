@@ -50,8 +50,8 @@ import uuid
 import pytest
 
 from browser_support import (
-    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_FREE_MASK, JS_NODE_BOXES, MASK_STEP, MIN_ZOOM, covered,
-    frontend_static, missing_browser_parts, overlaps,
+    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_FREE_MASK, JS_NODE_BOXES, JS_WAIT_QUIET, MASK_STEP,
+    MIN_ZOOM, covered, frontend_static, missing_browser_parts, overlaps,
 )
 
 pytestmark = pytest.mark.skipif(not os.environ.get("COMFYUI_DIR"), reason="COMFYUI_DIR is not set")
@@ -1010,7 +1010,10 @@ def _check_panel(page: ComfyPage, rids: list[str], name: str):
             return [...svg.querySelectorAll('text')].filter((t) => { const b = t.getBBox();
                 return b.x < -0.5 || b.x + b.width > w + 0.5; }).map((t) => t.textContent); })""")
     assert not clipped, clipped
+    # the panel redraws once more when /history and /h3/timings answer: point at a bar of the settled panel
+    assert page.page.evaluate(JS_WAIT_QUIET, [".h3-panel .h3-requests", 800, 15000]), "the panel keeps redrawing"
     row = panel.locator(f'.h3-request[data-request-id="{rids[0]}"]')
+    row.scroll_into_view_if_needed()
     before = row.bounding_box()
     bar = row.locator('.h3-bar[data-stage="denoise"] .h3-bar-rect').bounding_box()
     for k in range(8):

@@ -39,8 +39,8 @@ import uuid
 import pytest
 
 from browser_support import (
-    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_FREE_MASK, JS_NODE_BOXES, MASK_STEP, MIN_ZOOM,
-    ThreadedServer, covered, frontend_static, missing_browser_parts, overlaps,
+    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_FREE_MASK, JS_NODE_BOXES, JS_WAIT_QUIET, MASK_STEP,
+    MIN_ZOOM, ThreadedServer, covered, frontend_static, missing_browser_parts, overlaps,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -572,6 +572,8 @@ def test_sidebar_panel_and_readouts_in_the_real_frontend(frontend, vue):
 
         # ---- pointing at the denoise bar shows its figures without moving anything (it once stalled the page)
         bar = row.locator('.h3-bar[data-stage="denoise"] .h3-bar-rect')
+        assert p.page.evaluate(JS_WAIT_QUIET, [".h3-panel .h3-requests", 600, 10000]), "the panel keeps redrawing"
+        row.scroll_into_view_if_needed()
         before = row.bounding_box()
         p.page.evaluate("""() => { window.__h3mut = 0; new MutationObserver((m) => { window.__h3mut += m.length; })
             .observe(document.querySelector('.h3-panel .h3-requests'), {subtree: true, childList: true, attributes: true}); }""")
