@@ -10,6 +10,9 @@ times the bytes it will hold at the requested precision, following diffusers' ow
   everything else as above. Loading it first at the load dtype peaks at that size for the partition being loaded.
 * ``gguf``: quantized tensors (and BF16 ones) as stored, F32/F16 tensors at the load dtype, anything in an fp32
   module dequantized to fp32 (diffusers' GGUF quantizer). On CUDA the whole file is first read into host memory.
+* ``stored`` (``auto`` for Comfy-Org's quantised files: fp8_scaled, int8/convrot, w4a8): each quantised layer as stored
+  (its weight and scales, comfy-kitchen dequantises per call), everything else at the load dtype; ``bf16`` dequantises
+  them at load. A pruned file's curve projections and table are fp32 (:mod:`.comfy_dit`).
 
 Working memory is an estimate for the canvas (packed rows x bytes per row, plus one block's weights upcast for fp8 or
 GGUF, plus allocator slack); it is stated as such wherever it is shown. Available memory is MemAvailable (psutil), or
@@ -40,7 +43,7 @@ from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
 from ..contract import wire
 from ..contract.configs import PARTITIONS, PRECISIONS
 from ..contract.errors import ModelFolderError
-from . import formats
+from . import comfy_dit, comfy_keys, formats
 
 LIMIT_ENV = "H3_MEMORY_LIMIT_BYTES"
 MARGIN_ENV = "H3_MEMORY_MARGIN"
@@ -75,6 +78,16 @@ def _skeleton(config_json: str):
 
 def skeleton(config: dict):
     return _skeleton(json.dumps(config, sort_keys=True))
+
+
+def source_skeleton(source: formats.TransformerSource):
+    """The model a source loads into, on the meta device: the config's, pruned like the file when it is."""
+    return comfy_dit.skeleton(source) if source.pruned else skeleton(source.config())
+
+
+def keeps_fp32(model, name: str) -> bool:
+    """Whether a parameter is held in fp32: the class's fp32 modules, and a pruned model's curve projections."""
+    return keep_fp32(type(model), name) or (getattr(model, "_h3_pruned", False) and comfy_dit.is_curve_param(name))
 
 
 def keep_fp32(cls, name: str) -> bool:
@@ -124,8 +137,7 @@ def transformer_bytes(source: formats.TransformerSource, precision: str, dtype: 
     """Resident bytes of one transformer partition at ``precision`` ("bf16" means the load ``dtype``), from the
     source's headers and config; also checks that the source's tensors are exactly the config's."""
     precision = resolve_precision(precision, source)
-    config = source.config()
-    model = skeleton(config)
+    model = source_skeleton(source)
     cls = type(model)
     params = dict(model.named_parameters())
     formats.check_covers(source, {n: tuple(p.shape) for n, p in params.items()})
@@ -147,22 +159,37 @@ def transformer_bytes(source: formats.TransformerSource, precision: str, dtype: 
         extra = source.file_bytes if device.startswith("cuda") else 0
         return ComponentPlan(partition or source.subfolder, f"gguf {'+'.join(quant)}", total, extra,
                              f"{source.path.name}: as stored ({', '.join(f'{k} x{v}' for k, v in sorted(types.items()))})")
-    full = sum((4 if keep_fp32(cls, n) else size) * p.numel() for n, p in params.items()) + buffers
+    full = sum((4 if keeps_fp32(model, n) else size) * p.numel() for n, p in params.items()) + buffers
+    if precision == "stored":
+        view = formats.diffusers_view(source)
+        total = buffers + sum(view[n].nbytes if view[n].dtype in comfy_keys.VARIANTS
+                              else (4 if keeps_fp32(model, n) else size) * p.numel() for n, p in params.items())
+        return ComponentPlan(partition or source.subfolder, f"{source.variant}{' pruned' if source.pruned else ''}",
+                             total, 0, f"{source.path.name}: quantised layers as stored, the rest {dtype}")
     if precision == "fp8":
         cast = fp8_cast_modules(model)
         total = buffers
         for name, p in params.items():
             owner = name.rsplit(".", 1)[0]
-            total += p.numel() if owner in cast else (4 if keep_fp32(cls, name) else size) * p.numel()
+            total += p.numel() if owner in cast else (4 if keeps_fp32(model, name) else size) * p.numel()
         return ComponentPlan(partition or source.subfolder, "fp8", total, full - total,
                              f"fp8 storage, {dtype} compute ({len(cast)} layers cast); loads at {dtype} first")
-    return ComponentPlan(partition or source.subfolder, dtype, full, 0, f"{dtype}, fp32 modules kept fp32")
+    what = f"{dtype}, fp32 modules kept fp32" + (f" ({source.variant} dequantised at load)" if source.variant else "")
+    return ComponentPlan(partition or source.subfolder, dtype + (" pruned" if source.pruned else ""), full, 0, what)
 
 
 def resolve_precision(precision: str, source: formats.TransformerSource) -> str:
-    """``auto`` -> ``gguf`` for a GGUF file, else ``bf16`` (the load dtype); refuses mismatches."""
+    """``auto`` -> ``gguf`` for a GGUF file, ``stored`` for a Comfy-Org quantised file, else ``bf16`` (the load
+    dtype); refuses mismatches. ``stored`` (already resolved) stays ``stored`` for a quantised file, else ``bf16``."""
+    if precision == "stored":
+        return "stored" if source.variant else "bf16"
     if precision not in PRECISIONS:
         raise MemoryPlanError(f"precision is {precision!r}; expected one of {PRECISIONS}.")
+    if source.variant:
+        if precision in ("auto", "bf16"):
+            return "stored" if precision == "auto" else "bf16"
+        raise MemoryPlanError(f"{source.path.name} is a Comfy-Org {source.variant} file: choose precision 'auto' (its "
+                              f"layers as stored) or 'bf16' (dequantised at load), not {precision!r}.")
     if source.kind == "gguf":
         if precision in ("auto", "gguf"):
             return "gguf"
@@ -194,7 +221,7 @@ def working_bytes_b(config: dict, precision: str, dtype: str, canvas=DEFAULT_CAN
     size = DTYPE_BYTES[dtype]
     per_row = size * (4 * hidden + 4 * inner + 3 * ffn)
     block = 0
-    if precision in ("fp8", "gguf"):
+    if precision in ("fp8", "gguf", "stored"):
         model = skeleton(config)
         block = size * sum(p.numel() for p in model.transformer_blocks[0].parameters())
     slack = GiB if device.startswith("cuda") else 0
@@ -305,7 +332,7 @@ def plan_b(sources: dict[str, formats.TransformerSource], partitions: tuple[str,
     avail, where = available_memory(device, limit_bytes)
     comps = [transformer_bytes(sources[p], precision, dtype, device, p) for p in partitions]
     first = sources[partitions[0]]
-    working = working_bytes_b(first.config(), resolve_precision(precision, first), dtype, canvas, device=device)
+    working = working_bytes_b(comfy_dit.model_config(first), resolve_precision(precision, first), dtype, canvas, device=device)
     residency = "both partitions" if len(partitions) > 1 else f"{partitions[0]} only, swapping"
     label = f"{comps[0].precision}, {residency}"
     plan = MemoryPlan("B", label, comps, working, avail, where, int(avail * margin_fraction()), tuple(canvas))
@@ -329,14 +356,15 @@ def choose_b_plan(sources: dict[str, formats.TransformerSource], partition: str,
 
 def fitting_options_b(sources, dtype, device, canvas, avail, margin, exclude="") -> list[tuple[str, int]]:
     gguf = all(s.kind == "gguf" for s in sources.values())
-    precisions = ("gguf",) if gguf else ("bf16", "fp8")
+    stored = all(s.variant for s in sources.values())
+    precisions = ("gguf",) if gguf else ("auto", "bf16") if stored else ("bf16", "fp8")
     both = tuple(p for p in PARTITIONS if p in sources)
     out = []
     for prec in precisions:
         for parts in ((both,) if len(both) > 1 else ()) + ((both[:1],) if both else ()):
             try:
                 p = plan_b(sources, parts, prec, dtype, device, canvas, limit_bytes=avail, with_options=False)
-            except formats.FormatError:
+            except (formats.FormatError, MemoryPlanError):
                 continue
             if p.label != exclude and p.need_bytes <= avail - margin:
                 name = p.components[0].precision
