@@ -36,6 +36,8 @@ import json
 import os
 import pathlib
 import re
+import shutil
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -43,9 +45,10 @@ from accelerate import init_empty_weights
 from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 from safetensors import safe_open
 from torch import nn
-from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
 
 from . import comfy_keys, formats, quant
+from .split import LoadRecord, torch_dtype
 
 #: the hidden state MiniMax-H3 reads (diffusers' ``text_encoder_layer``)
 TEXT_LAYER = 50
@@ -184,7 +187,7 @@ def skeleton(component: str, config: dict, source_tensors: dict | None = None):
 
 def expected_names(component: str, model, file_tensors) -> dict[str, tuple]:
     """The model's tensors the file must hold (not the pass-through layer, a final norm and lm_head the file has not)."""
-    out = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    out = {n: tuple(p.shape) for n, p in model.state_dict().items()}  # parameters and persistent buffers
     if component == "text_encoder":
         n = _file_layers(file_tensors)
         out = {k: v for k, v in out.items() if not k.startswith(f"model.language_model.layers.{n}.")}
@@ -201,9 +204,8 @@ def _mismatch(src: PartSource, config: dict) -> str:
     """Empty when the file fills exactly the model ``config`` builds, else what differs (one clause)."""
     model = skeleton(src.component, config, src.tensors)
     want = expected_names(src.component, model, src.tensors)
-    plan = key_map(src.component, src.tensors, set(dict(model.named_parameters())))
+    plan = key_map(src.component, src.tensors, set(model.state_dict()))
     layers = comfy_keys.quantized_layers(src.tensors, src.metadata)
-    heads = _heads(src.component, config)
     missing = sorted(set(want) - set(plan))
     extra = sorted(set(plan) - set(want))
     if missing or extra:
@@ -218,7 +220,6 @@ def _mismatch(src: PartSource, config: dict) -> str:
             continue
         if shape != tuple(want[target]):
             return f"`{name}` is {shape}, the config wants {tuple(want[target])}"
-    del heads
     return ""
 
 
@@ -308,7 +309,8 @@ def load_part(src: PartSource, dtype: torch.dtype, device: str = "cpu"):
     model = skeleton(src.component, config, src.tensors)
     cls = type(model)
     params = dict(model.named_parameters())
-    plan = key_map(src.component, src.tensors, set(params))
+    buffers = {n for n, _ in model.named_buffers()}
+    plan = key_map(src.component, src.tensors, set(model.state_dict()))
     layers = comfy_keys.quantized_layers(src.tensors, src.metadata)
     heads = _heads(src.component, config)
     names = set(src.tensors)
@@ -326,7 +328,12 @@ def load_part(src: PartSource, dtype: torch.dtype, device: str = "cpu"):
                     value = fh.get_tensor(name)
                 cache = {name: value}  # a split or a weight-norm pair reads its tensor once
             value = _apply(cache[name].float() if how == "weight_g" else cache[name], how, index, heads)
-            _set(model, target, value.to(want).to(device))
+            if target in buffers:
+                owner, leaf = target.rsplit(".", 1)
+                buf = model.get_submodule(owner)._buffers[leaf]
+                model.get_submodule(owner)._buffers[leaf] = value.to(buf.dtype).to(device)
+            else:
+                _set(model, target, value.to(want).to(device))
     _fill_rest(model, src, params, dtype, device)
     return model.eval()
 
@@ -358,3 +365,50 @@ def _fill_rest(model, src: PartSource, params: dict, dtype, device: str) -> None
     if left:
         raise formats.FormatError(f"{src.path} left {len(left)} tensors of the {src.component} unfilled (such as "
                                   f"`{left[0]}`): give a complete file.")
+
+
+# ---------------------------------------------------------------------------------------------------- A's host
+def resident_params(src: PartSource, model) -> dict:
+    """The parameters the loaded part holds (the pass-through layer's attention and MLP hold none)."""
+    params = dict(model.named_parameters())
+    if src.component == "text_encoder":
+        n = _file_layers(src.tensors)
+        skip = (f"model.language_model.layers.{n}.self_attn.", f"model.language_model.layers.{n}.mlp.")
+        params = {k: v for k, v in params.items() if not k.startswith(skip)}
+    return params
+
+
+def tokenizer_folder(src: PartSource, cache_root: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """``(tokenizer folder, processor folder)`` of a text encoder part: its config set's own, or for the shipped set a
+    folder made once in ``cache_root`` from the shipped configs and the vocabulary found (:func:`_tokenizer_dir`)."""
+    root = src.config_root
+    if root != SHIPPED and (root / "processor").is_dir():
+        return src.tokenizer_dir, root / "processor"
+    out = cache_root / f"qwen3vl-h3-tokenizer-{abs(hash(str(src.tokenizer_dir))) % 10**8}"
+    if not (out / "processor" / "processor_config.json").is_file():
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        for sub in ("tokenizer", "processor"):
+            (tmp / sub).mkdir(parents=True, exist_ok=True)
+            for f in VOCAB_FILES:
+                shutil.copy(src.tokenizer_dir / f, tmp / sub / f)
+            shutil.copy(SHIPPED / "tokenizer" / "tokenizer_config.json", tmp / sub / "tokenizer_config.json")
+        shutil.copy(SHIPPED / "processor" / "processor_config.json", tmp / "processor" / "processor_config.json")
+        os.replace(tmp, out) if not out.exists() else shutil.rmtree(tmp, ignore_errors=True)
+    return out / "tokenizer", out / "processor"
+
+
+def load_parts(host, parts: dict[str, PartSource], dtype: str, device: str, cache_root: pathlib.Path) -> list:
+    """Load each part from its file into ``host`` (a ModularPipeline), with the text encoder's tokenizer and
+    processor (a shipped set's made in ``cache_root``); returns the load records."""
+    records = []
+    for component, src in parts.items():
+        t0 = time.perf_counter()
+        model = load_part(src, torch_dtype(dtype), device)
+        extra = {}
+        if component == "text_encoder":
+            tok_dir, proc_dir = tokenizer_folder(src, pathlib.Path(cache_root))
+            extra["tokenizer"] = AutoTokenizer.from_pretrained(str(tok_dir))
+            extra["processor"] = Qwen3VLProcessor.from_pretrained(str(proc_dir), video_processor=None)
+        host.update_components(**{component: model}, **extra)
+        records.append(LoadRecord(component, time.perf_counter() - t0, dtype, f"startup (file {src.path.name})"))
+    return records

@@ -43,7 +43,7 @@ from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
 from ..contract import wire
 from ..contract.configs import PARTITIONS, PRECISIONS
 from ..contract.errors import ModelFolderError
-from . import comfy_dit, comfy_keys, formats
+from . import comfy_dit, comfy_files, comfy_keys, formats
 
 LIMIT_ENV = "H3_MEMORY_LIMIT_BYTES"
 MARGIN_ENV = "H3_MEMORY_MARGIN"
@@ -429,22 +429,37 @@ def working_bytes_a(dtype: str, canvas=DEFAULT_CANVAS, device: str = "cpu", vae_
             + (GiB if device.startswith("cuda") else 0))
 
 
+def part_bytes(src: comfy_files.PartSource, dtype: str) -> ComponentPlan:
+    """Resident bytes of an A part loaded from a single file at ``dtype`` (quantised layers dequantised, the class's
+    fp32 modules fp32), from its config and header (the model built on the meta device)."""
+    model = comfy_files.skeleton(src.component, src.config(), src.tensors)
+    params = comfy_files.resident_params(src, model)
+    size = DTYPE_BYTES[dtype]
+    total = sum((4 if keep_fp32(type(model), n) else size) * p.numel() for n, p in params.items())
+    total += sum(b.numel() * b.element_size() for b in model.buffers())
+    what = f"{src.path.name} ({src.variant or 'plain'}" + (", dequantised)" if src.variant else ")")
+    return ComponentPlan(src.component, dtype, total, 0, what)
+
+
 def plan_a(model_dir: str | os.PathLike, components: tuple[str, ...], dtype: str = "bfloat16", device: str = "cpu",
-           canvas=None, limit_bytes: int | None = None) -> MemoryPlan:
-    """A's plan: the text encoder and VAEs of the diffusers folder at ``dtype`` plus decode working memory for
-    ``canvas`` (default: the checkpoint's own default canvas)."""
+           canvas=None, limit_bytes: int | None = None, parts: dict | None = None) -> MemoryPlan:
+    """A's plan: the text encoder and VAEs of the diffusers folder (or, for those in ``parts``, of their single
+    files) at ``dtype`` plus decode working memory for ``canvas`` (default: the checkpoint's own default canvas)."""
     root = pathlib.Path(os.path.expanduser(str(model_dir)))
+    parts = parts or {}
     canvas = tuple(canvas) if canvas else default_canvas(root)
     avail, where = available_memory(device, limit_bytes)
-    comps = [folder_bytes(root / c, dtype) for c in components if (root / c / "config.json").is_file()]
+    comps = [part_bytes(parts[c], dtype) if c in parts else folder_bytes(root / c, dtype) for c in components
+             if c in parts or (root / c / "config.json").is_file()]
     try:
-        channels = int(json.loads((root / "vae" / "config.json").read_text())["block_out_channels"][0])
+        vae_cfg = parts["vae"].config() if "vae" in parts else json.loads((root / "vae" / "config.json").read_text())
+        channels = int(vae_cfg["block_out_channels"][0])
     except Exception:  # noqa: BLE001
         channels = 128
     plan = MemoryPlan("A", dtype, comps, working_bytes_a(dtype, canvas, device, channels), avail, where,
                       int(avail * margin_fraction()), canvas)
     if not plan.fits and dtype == "float32":
-        alt = plan_a(root, components, "bfloat16", device, canvas, avail)
+        alt = plan_a(root, components, "bfloat16", device, canvas, avail, parts)
         if alt.need_bytes <= plan.usable_bytes:
             plan.options = [("bfloat16", alt.need_bytes)]
     return plan
@@ -461,7 +476,7 @@ def plan_b_decoder(base: MemoryPlan, model_dir: str | os.PathLike, dtype: str = 
     B decodes its share between two denoises (one queue), so working memory is the larger of the two, not the sum.
     ``None`` when the model folder has no ``vae/``."""
     folder = pathlib.Path(os.path.expanduser(str(model_dir))) / "vae"
-    if not (folder / "config.json").is_file():
+    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):  # shipped configs: no weights
         return None
     full = folder_bytes(folder, dtype).bytes
     kept = folder_bytes(folder, dtype, exclude=VAE_ENCODER_PREFIXES)
