@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 
+import comfy
 import comfy.model_management
 import comfy.utils
 import folder_paths
@@ -49,12 +50,17 @@ class ComfyHost:
     def output_dir(self) -> pathlib.Path:
         return pathlib.Path(folder_paths.get_output_directory())
 
-    def model_folders(self) -> list[str]:
-        """ComfyUI's ``diffusers`` model folders: ``models/diffusers`` plus that key in ``extra_model_paths.yaml``."""
+    def model_folders(self, kind: str = "diffusers") -> list[str]:
+        """ComfyUI's model folders of ``kind`` (``diffusers``, ``text_encoders``, ``vae``, ...): ``models/<kind>``
+        plus that key in ``extra_model_paths.yaml``."""
         try:
-            return list(folder_paths.get_folder_paths("diffusers"))
+            return list(folder_paths.get_folder_paths(kind))
         except KeyError:  # a ComfyUI without that folder kind
             return []
+
+    def tokenizer_folders(self) -> list[str]:
+        """The Qwen2 BPE vocabulary ComfyUI ships for its own Qwen text encoders (its H3 text encoder reads it)."""
+        return [str(pathlib.Path(comfy.__file__).resolve().parent / "text_encoders" / "qwen25_tokenizer")]
 
     def add_routes(self, handlers: dict) -> None:
         for path, handler in handlers.items():

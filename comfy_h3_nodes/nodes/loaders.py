@@ -18,8 +18,15 @@ from .common import CATEGORY, local_record, report
 from .values import DiT, dit_parts
 
 
+#: H3LoadEncoders' optional part pickers: input name -> (ComfyUI folder kind, what the tooltip calls it)
+PART_INPUTS = {"text_encoder": ("text_encoders", "Qwen3-VL text encoder (Comfy-Org's qwen3vl_32b_minimax_h3_*)"),
+               "vae": ("vae", "video VAE (Comfy-Org's minimax_h3 video VAE, fp16 or int8_convrot)"),
+               "audio_vae": ("vae", "audio VAE (Comfy-Org's minimax_h3 audio VAE, fp32)")}
+
+
 class H3LoadEncoders:
-    DESCRIPTION = "Loads MiniMax-H3's Qwen3-VL text encoder, video VAE and audio VAE on this machine (A), once."
+    DESCRIPTION = ("Loads MiniMax-H3's Qwen3-VL text encoder, video VAE and audio VAE on this machine (A), once: from "
+                   "the diffusers folder, or each from a single file in ComfyUI's text_encoders / vae folders.")
     CATEGORY = CATEGORY
     RETURN_TYPES = ("H3_ENCODERS",)
     RETURN_NAMES = ("encoders",)
@@ -35,6 +42,11 @@ class H3LoadEncoders:
                 f"'{TINY}' is a tiny random model built on first use: try the pack without weights.")}),
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
             "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
+        }, "optional": {
+            name: (catalog.part_choices(host().model_folders(kind), name), {"default": catalog.FROM_MODEL, "tooltip": (
+                f"the {what} from a single file in ComfyUI's models/{kind}/ (recognised by its keys; quantised "
+                f"files are dequantised to dtype), or '{catalog.FROM_MODEL}'. '{TINY}' is the tiny random model's.")})
+            for name, (kind, what) in PART_INPUTS.items()
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     # Names model_path so that a typed path (API prompts) passes ComfyUI's list check; this checks it instead.
@@ -42,14 +54,22 @@ class H3LoadEncoders:
     def VALIDATE_INPUTS(cls, model_path=None):
         return check_a_model(model_path)
 
-    def load(self, model_path, dtype, attention_backend, unique_id=None):
+    def load(self, model_path, dtype, attention_backend, unique_id=None, text_encoder=catalog.FROM_MODEL,
+             vae=catalog.FROM_MODEL, audio_vae=catalog.FROM_MODEL):
         t0, w0 = time.perf_counter(), time.time()
         err = check_a_model(model_path)
         if err is not True:
             raise ModelFolderError(err)
-        enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend)
+        parts = {name: catalog.resolve_part(choice, name, host().model_folders(PART_INPUTS[name][0]))
+                 for name, choice in (("text_encoder", text_encoder), ("vae", vae), ("audio_vae", audio_vae))}
+        enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend, parts=parts,
+                                           tokenizer_dirs=tuple(host().tokenizer_folders()))
         loads = sum(r.seconds for r in enc.load_records) if loaded_now else 0.0
         what = TINY if catalog.is_tiny(model_path) else str(enc.model_dir)
+        files = getattr(enc, "parts", None) or {}
+        if files:  # parts from single files: which, and at what
+            what += " with " + ", ".join(f"{c} from file {p.path.name} ({p.variant or 'plain'}"
+                                         + (f", dequantised to {dtype})" if p.variant else ")") for c, p in files.items())
         plan = getattr(enc, "memory_plan", None)
         rec = local_record("load", t0, w0, load_s=loads,
                            note=("loaded" if loaded_now else "resident") + f" {what}: {', '.join(enc.resident())}"

@@ -22,10 +22,13 @@ quantise (attention, MLP and text projections; never norms, biases, the fp32 isl
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import torch
+from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
 from safetensors.torch import save_file
+from transformers import Qwen3VLForConditionalGeneration
 
 from . import formats, quant
 
@@ -212,3 +215,22 @@ def fixture(ckpt, label: str) -> Path:
     if part == "vae":
         return root / "vae" / f"minimax_h3_video_vae_{kind}.safetensors"
     return root / "vae" / f"minimax_h3_audio_vae_{kind}.safetensors"
+
+
+def write_tiny_part(ckpt, component: str, path) -> Path:
+    """One A part of a tiny checkpoint folder as its plain Comfy-Org single file at ``path``, with the configs the
+    file loads with beside it (``<component>/config.json``; a text encoder's ``tokenizer/`` and ``processor/``)."""
+    ckpt, path = Path(ckpt), Path(path)
+    cls = {"text_encoder": Qwen3VLForConditionalGeneration, "vae": AutoencoderKLMiniMaxH3,
+           "audio_vae": AutoencoderKLMiniMaxH3Audio}[component]
+    model = cls.from_pretrained(str(ckpt / component)).eval()
+    state = {"text_encoder": comfy_text_encoder_state, "vae": comfy_video_vae_state,
+             "audio_vae": comfy_audio_vae_state}[component](model)
+    beside = (component, "tokenizer", "processor") if component == "text_encoder" else (component,)
+    for sub in beside:
+        shutil.rmtree(path.parent / sub, ignore_errors=True)
+        shutil.copytree(ckpt / sub, path.parent / sub, ignore=shutil.ignore_patterns("*.safetensors"))
+    tmp = path.with_name(f".{path.name}.tmp")
+    _save(state, tmp)
+    tmp.replace(path)
+    return path
