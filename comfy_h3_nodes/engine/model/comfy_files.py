@@ -10,8 +10,9 @@ text_encoder   ``model.*`` / ``visual.*``; 50 decoder layers, no final  ``Qwen3V
 vae            ``encoder.down.I.block.J``, ``nin_shortcut``,            ``AutoencoderKLMiniMaxH3``: renamed, q/k/v
                ``decoder.x_embedder``, ``attn.to_qkv`` interleaved per   split per head, SwiGLU halves swapped,
                head, ``ff.w1`` = [gate; value] (fp16, int8_convrot)     ``mask_token`` dropped
-audio_vae      the same names, weight norm folded into ``X.weight``      ``AutoencoderKLMiniMaxH3Audio``: ``weight_v``
-               (fp32)                                                   = W, ``weight_g`` = its norm over dim 0
+audio_vae      the same names, weight norm folded into ``X.weight``      ``AutoencoderKLMiniMaxH3Audio`` with its weight
+               (fp32)                                                   norm removed (``remove_weight_norm``): the
+                                                                        folded ``X.weight`` loads as it is, exactly
 =============  ======================================================  ============================================
 
 Both VAE files carry ``latents_mean`` / ``latents_std``; they replace the config's. Quantised layers are dequantised on
@@ -104,8 +105,8 @@ VAE_DROPPED = ("decoder.mask_token", "latents_mean", "latents_std")
 
 def key_map(component: str, names, expected: set[str]) -> dict[str, tuple[str, str, int]]:
     """``{target name: (file tensor, how, index)}``: ``plain``; ``qkv`` (index 0..2 of a per-head interleaved
-    ``to_qkv``); ``swap`` (SwiGLU halves [gate; value] -> [value; gate]); ``weight_g`` / ``weight_v`` (weight norm
-    of a folded ``X.weight``). Side keys of quantised layers and dropped tensors are not listed."""
+    ``to_qkv``); ``swap`` (SwiGLU halves [gate; value] -> [value; gate]). Side keys of quantised layers and dropped
+    tensors are not listed."""
     out = {}
     for name in names:
         if comfy_keys.is_side_key(name):
@@ -130,14 +131,8 @@ def key_map(component: str, names, expected: set[str]) -> dict[str, tuple[str, s
                 out[new.replace(".ff.w1.", ".ff.net.0.proj.")] = (name, "swap", 0)
             else:
                 out[new] = (name, "plain", 0)
-        else:
-            if name in ("latents_mean", "latents_std"):
-                continue
-            if name.endswith(".weight") and name[:-7] + ".weight_g" in expected:
-                out[name[:-7] + ".weight_g"] = (name, "weight_g", 0)
-                out[name[:-7] + ".weight_v"] = (name, "weight_v", 0)
-            else:
-                out[name] = (name, "plain", 0)
+        elif name not in ("latents_mean", "latents_std"):
+            out[name] = (name, "plain", 0)
     return out
 
 
@@ -147,13 +142,8 @@ def _apply(value: torch.Tensor, how: str, index: int, heads: int) -> torch.Tenso
     if how == "qkv":  # rows grouped per head as [q_h; k_h; v_h]
         dh = value.shape[0] // (3 * heads)
         return value.reshape(heads, 3, dh, *value.shape[1:])[:, index].reshape(heads * dh, *value.shape[1:])
-    if how == "swap":
-        gate, val = value.chunk(2, dim=0)
-        return torch.cat([val, gate], dim=0)
-    if how == "weight_g":
-        return torch.linalg.vector_norm(value.reshape(value.shape[0], -1).float(), dim=1).reshape(
-            -1, *([1] * (value.dim() - 1))).to(value.dtype)
-    return value  # weight_v: the folded weight itself (g * v / |v| == W)
+    gate, val = value.chunk(2, dim=0)  # swap
+    return torch.cat([val, gate], dim=0)
 
 
 # ---------------------------------------------------------------------------------------------------- configs
@@ -182,7 +172,12 @@ def skeleton(component: str, config: dict, source_tensors: dict | None = None):
     with init_empty_weights():
         if component == "text_encoder":
             return Qwen3VLForConditionalGeneration(cfg)
-        return CLASSES[component].from_config(cfg)
+        model = CLASSES[component].from_config(cfg)
+        if component == "audio_vae":  # the file holds the folded weights: no weight norm to recompute them by
+            for module in model.modules():
+                if hasattr(module, "weight_g"):
+                    nn.utils.remove_weight_norm(module)
+        return model
 
 
 def expected_names(component: str, model, file_tensors) -> dict[str, tuple]:
@@ -216,8 +211,6 @@ def _mismatch(src: PartSource, config: dict) -> str:
         shape = tuple(formats._logical_shape(src.tensors, layer, layers[layer]) if layer in layers else info.shape)
         if how == "qkv":
             shape = (shape[0] // 3, *shape[1:])
-        if how in ("weight_g",):
-            continue
         if shape != tuple(want[target]):
             return f"`{name}` is {shape}, the config wants {tuple(want[target])}"
     return ""
@@ -326,8 +319,8 @@ def load_part(src: PartSource, dtype: torch.dtype, device: str = "cpu"):
                                              torch.float32)
                 else:
                     value = fh.get_tensor(name)
-                cache = {name: value}  # a split or a weight-norm pair reads its tensor once
-            value = _apply(cache[name].float() if how == "weight_g" else cache[name], how, index, heads)
+                cache = {name: value}  # a split q/k/v reads its tensor once
+            value = _apply(cache[name], how, index, heads)
             if target in buffers:
                 owner, leaf = target.rsplit(".", 1)
                 buf = model.get_submodule(owner)._buffers[leaf]
@@ -375,6 +368,8 @@ def resident_params(src: PartSource, model) -> dict:
         n = _file_layers(src.tensors)
         skip = (f"model.language_model.layers.{n}.self_attn.", f"model.language_model.layers.{n}.mlp.")
         params = {k: v for k, v in params.items() if not k.startswith(skip)}
+        if model.config.tie_word_embeddings:  # lm_head is the embedding table
+            params.pop("lm_head.weight", None)
     return params
 
 

@@ -109,7 +109,7 @@ def comfy_transformer_state(model, published: dict, pruned: bool, fmt: str | Non
 
 
 # ---------------------------------------------------------------------------------------------------- A's parts
-def comfy_text_encoder_state(text_encoder, fmt: str | None = None) -> dict:
+def comfy_text_encoder_state(text_encoder, fmt: str | None = None, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Qwen3-VL as Comfy-Org's H3 text encoder file holds it: ComfyUI's names, the first 50 decoder layers, no final
     norm, no lm_head, bf16."""
     out = {}
@@ -123,11 +123,11 @@ def comfy_text_encoder_state(text_encoder, fmt: str | None = None) -> dict:
             new = name[len("model."):]
         else:
             continue  # lm_head
-        out[new] = v.detach().to(torch.bfloat16).contiguous()
+        out[new] = v.detach().to(dtype).contiguous()
     return _quantized(out, TE_QUANT, fmt, awq=fmt == "nvfp4")
 
 
-def comfy_video_vae_state(vae, fmt: str | None = None) -> dict:
+def comfy_video_vae_state(vae, fmt: str | None = None, dtype: torch.dtype = torch.float16) -> dict:
     """The video VAE in ComfyUI's names (the inverse of :func:`.comfy_files.key_map`), fp16, with its latent
     statistics and ComfyUI's unused ``decoder.mask_token``."""
     heads = int(vae.config.decoder_num_attention_heads)
@@ -152,21 +152,21 @@ def comfy_video_vae_state(vae, fmt: str | None = None) -> dict:
         out[new] = v
     dim = out["decoder.register_tokens"].shape[-1]
     out["decoder.mask_token"] = torch.zeros(1, 1, dim)
-    out = {k: v.to(torch.float16).contiguous() for k, v in out.items()}
+    out = {k: v.to(dtype).contiguous() for k, v in out.items()}
     out["latents_mean"] = torch.tensor(vae.config.latents_mean, dtype=torch.float32)
     out["latents_std"] = torch.tensor(vae.config.latents_std, dtype=torch.float32)
     return _quantized(out, VAE_QUANT, fmt)
 
 
 def comfy_audio_vae_state(audio_vae) -> dict:
-    """The audio VAE as ComfyUI's file holds it: weight norm folded into ``X.weight`` (``g * v / |v|``), fp32."""
+    """The audio VAE as ComfyUI's file holds it: weight norm folded into ``X.weight`` (``g * v / |v|``, as torch's
+    weight-norm hook computes it), fp32."""
     state = {k: v.detach().float() for k, v in audio_vae.state_dict().items()}
     out = {}
     for name, v in state.items():
         if name.endswith(".weight_v"):
             g = state[name[: -len("_v")] + "_g"]
-            norm = torch.linalg.vector_norm(v.reshape(v.shape[0], -1), dim=1).reshape(-1, *([1] * (v.dim() - 1)))
-            out[name[: -len("_v")]] = (g * v / norm).contiguous()
+            out[name[: -len("_v")]] = torch._weight_norm(v, g, 0).contiguous()  # what the weight-norm hook computes
         elif not name.endswith(".weight_g"):
             out[name] = v.contiguous()
     out["latents_mean"] = torch.tensor(audio_vae.config.latents_mean, dtype=torch.float32)
