@@ -492,9 +492,39 @@ def plan_b_decoder(base: MemoryPlan, model_dir: str | os.PathLike, dtype: str = 
 
 
 # ---------------------------------------------------------------------------------------------------- real size
+#: the grid of the real pruned files' ``adaln_t_table`` is read from each file; the arithmetic assumes 1024 rows
+#: (32 bytes each: it does not matter)
+REAL_PRUNED_GRID = 1024
+
+
+def real_pruned_fp8(tensors: dict[str, formats.TensorInfo], grid: int = REAL_PRUNED_GRID, k: int = 8) -> dict:
+    """The published layout's tensors as Comfy-Org's pruned fp8_scaled file holds them (arithmetic only): no
+    ``time_embedder``, fp32 ``adaln_t_table`` [grid, k] and k-wide fp32 AdaLN projections, fp8 attention/MLP/text
+    projections with a per-tensor scale and their comfy_quant JSON."""
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith("time_embedder."):
+            continue
+        if "adaln_proj.linear." in name:
+            shape = (t.shape[0], k) if name.endswith(".weight") else t.shape
+            out[name] = formats.TensorInfo(name, shape, "F32", 4 * formats._numel(shape))
+            continue
+        layer = name[: -len(".weight")]
+        if name.endswith(".weight") and re.match(r"^(token_refiner\.)?blocks\.\d+\.(attn\.(qkv_proj|out_proj)|mlp\.fc[12])$"
+                                                 r"|^condition_proj$", layer):
+            out[name] = formats.TensorInfo(name, t.shape, "F8_E4M3", formats._numel(t.shape))
+            out[f"{layer}.weight_scale"] = formats.TensorInfo(f"{layer}.weight_scale", (), "F32", 4)
+            out[f"{layer}.comfy_quant"] = formats.TensorInfo(f"{layer}.comfy_quant", (27,), "U8", 27)
+            continue
+        out[name] = t
+    out[formats.PRUNED_MARKER] = formats.TensorInfo(formats.PRUNED_MARKER, (grid, k), "F32", 4 * grid * k)
+    return out
+
+
 def real_sources(kind: str = "single_file", qtype: str = "Q8_0") -> dict[str, formats.TransformerSource]:
     """Sources with the released model's tensors (from the shipped config; no file): the published single-file
-    layout in its mixed precision, or a GGUF of it under :func:`formats.gguf_type_for`. For arithmetic only."""
+    layout in its mixed precision, a GGUF of it under :func:`formats.gguf_type_for`, or (``pruned-fp8``) Comfy-Org's
+    pruned fp8_scaled file. For arithmetic only."""
     out = {}
     for part in PARTITIONS:
         cfg = json.loads((formats.SHIPPED_CONFIG_ROOT / part / "config.json").read_text())
@@ -518,7 +548,10 @@ def real_sources(kind: str = "single_file", qtype: str = "Q8_0") -> dict[str, fo
             else:
                 fp32 = pub.startswith(formats.PUBLISHED_FP32_PREFIXES)
                 tensors[pub] = formats.TensorInfo(pub, shape, "F32" if fp32 else "BF16", (4 if fp32 else 2) * numel)
+        if kind == "pruned-fp8":
+            tensors = real_pruned_fp8(tensors)
         out[part] = formats.TransformerSource("gguf" if kind == "gguf" else "single_file",
                                               pathlib.Path(f"<released {part}>"), tensors,
-                                              formats.SHIPPED_CONFIG_ROOT, part)
+                                              formats.SHIPPED_CONFIG_ROOT, part, variant="fp8_scaled" if
+                                              kind == "pruned-fp8" else "", pruned=kind == "pruned-fp8")
     return out
