@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pathlib
 
-import comfy
 import comfy.model_management
 import comfy.utils
 import folder_paths
@@ -60,7 +59,8 @@ class ComfyHost:
 
     def tokenizer_folders(self) -> list[str]:
         """The Qwen2 BPE vocabulary ComfyUI ships for its own Qwen text encoders (its H3 text encoder reads it)."""
-        return [str(pathlib.Path(comfy.__file__).resolve().parent / "text_encoders" / "qwen25_tokenizer")]
+        comfy_dir = pathlib.Path(comfy.model_management.__file__).resolve().parent  # comfy/ is a namespace package
+        return [str(comfy_dir / "text_encoders" / "qwen25_tokenizer")]
 
     def add_routes(self, handlers: dict) -> None:
         for path, handler in handlers.items():
