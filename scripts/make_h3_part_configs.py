@@ -69,7 +69,7 @@ def processor() -> dict:
             "image_processor": {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16,
                                 "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
                                 "image_std": [0.5, 0.5, 0.5], "do_resize": True, "do_rescale": True,
-                                "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255,
+                                "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255, "resample": 3,
                                 "size": {"shortest_edge": 65536, "longest_edge": 16777216}}}
 
 

@@ -251,12 +251,24 @@ def check_text_encoder():
     import comfy.text_encoders.qwen3vl as c_q3
     from comfy.text_encoders.minimax import MiniMaxQwen3VL
 
+    saved = (dict(c_q3.QWEN3VL_VISION["qwen3vl_32b"]), dict(c_q3.QWEN3VL_VISION_COMMON),
+             c_llama.Qwen3VL_32BConfig.head_dim, c_llama.Qwen3VL_32BConfig.rope_dims)
     c_q3.QWEN3VL_VISION["qwen3vl_32b"] = dict(hidden_size=32, intermediate_size=48, depth=3,
                                               deepstack_visual_indexes=[0, 1, 2])
     c_q3.QWEN3VL_VISION_COMMON["num_heads"] = 2
     c_q3.QWEN3VL_VISION_COMMON["num_position_embeddings"] = 16
     c_llama.Qwen3VL_32BConfig.head_dim = 16
     c_llama.Qwen3VL_32BConfig.rope_dims = [2, 3, 3]
+    try:
+        _check_text_encoder(MiniMaxQwen3VL)
+    finally:  # the released-size check builds ComfyUI's own sizes
+        c_q3.QWEN3VL_VISION["qwen3vl_32b"], common, c_llama.Qwen3VL_32BConfig.head_dim, \
+            c_llama.Qwen3VL_32BConfig.rope_dims = saved
+        c_q3.QWEN3VL_VISION_COMMON.clear()
+        c_q3.QWEN3VL_VISION_COMMON.update(common)
+
+
+def _check_text_encoder(MiniMaxQwen3VL):
     te_cfg = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=50, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=128)
 
@@ -298,7 +310,74 @@ def check_text_encoder():
                 record(f"text_encoder_{variant}_hidden_states_50_vs_comfy_dequantised", hs, x2)
 
 
+# ---------------------------------------------------------------------------------------------------- released size
+def _header(module) -> dict:
+    """A meta module's state dict as a file header would describe it (names, shapes; bytes left 0)."""
+    return {k: formats.TensorInfo(k, tuple(v.shape), "BF16", 0) for k, v in module.state_dict().items()}
+
+
+def check_released_layouts():
+    """ComfyUI's own modules at the released size (on the meta device: shapes only) against the configs the pack
+    ships: every tensor a Comfy-Org file of that part holds must fill exactly the model the shipped config builds.
+    Records ``mismatch`` (empty when it fits)."""
+    from comfy.text_encoders.minimax import MiniMaxQwen3VL
+
+    from comfy_h3_nodes.engine.model import memory_plan
+
+    full = dict(hidden_size=5376, num_layers=50, token_refiner_num_layers=2, num_attention_heads=56,
+                attention_head_dim=128, ffn_hidden_size=14336, text_dim=5120, timestep_input_dim=256,
+                time_embed_hidden_size=5376, time_embed_dim=2688, rope_inv_freq_len=16)
+    for pruned in (False, True):
+        with torch.device("meta"):
+            kw = dict(full, **({"adaln_curve_grid": 1024, "time_embed_dim": 8} if pruned else {}))
+            m = c_dit.MiniMaxH3Model(dtype=torch.bfloat16, device="meta", operations=comfy.ops.manual_cast, **kw)
+        src = formats.TransformerSource("single_file", pathlib.Path("<comfy>"), _header(m), formats.SHIPPED_CONFIG_ROOT,
+                                        "transformer", pruned=pruned)
+        try:
+            memory_plan.transformer_bytes(src, "bf16")
+            why = ""
+        except formats.FormatError as exc:
+            why = str(exc)
+        RESULTS[f"released_transformer{'_pruned' if pruned else ''}"] = {"mismatch": why}
+    with torch.device("meta"):
+        parts = {"vae": c_vae.MiniMaxH3VideoVAE(), "audio_vae": c_avae.MiniMaxH3AudioVAE(),
+                 "text_encoder": MiniMaxQwen3VL({}, torch.bfloat16, "meta", comfy.ops.manual_cast)}
+    for part, module in parts.items():
+        src = comfy_files.PartSource(part, pathlib.Path(f"<comfy {part}>"), _header(module))
+        RESULTS[f"released_{part}"] = {"mismatch": comfy_files._mismatch(src, json.loads(
+            (comfy_files.SHIPPED / part / "config.json").read_text()))}
+
+
+def check_tokenizer():
+    """The pack's tokenizer for a text encoder file with the shipped configs (ComfyUI's vocabulary + the pack's
+    tokenizer config) against ComfyUI's own H3 tokenizer: the same ids for a prompt, a label and a vision block."""
+    from comfy.text_encoders.qwen3vl import Qwen3VLSDTokenizer
+    from transformers import AutoTokenizer
+
+    vocab = COMFY / "comfy" / "text_encoders" / "qwen25_tokenizer"
+    src = comfy_files.PartSource("text_encoder", pathlib.Path("<released>"), config_root=comfy_files.SHIPPED,
+                                 tokenizer_dir=vocab)
+    tok_dir, proc_dir = comfy_files.tokenizer_folder(src, OUT / "cache")
+    ours = AutoTokenizer.from_pretrained(str(tok_dir))
+    theirs = Qwen3VLSDTokenizer().tokenizer
+    texts = ["A red fox trots across a snowy meadow at dawn; soft wind and a distant crow call.", "<Picture 1>: ",
+             "<|vision_start|><|image_pad|><|image_pad|><|vision_end|>", "<2.5 seconds>"]
+    a = [i for t in texts for i in ours(t, add_special_tokens=False)["input_ids"]]
+    b = [i for t in texts for i in theirs(t, add_special_tokens=False)["input_ids"]]
+    RESULTS["tokenizer_ids"] = {"max_abs_diff": float(len(a) != len(b) or max(abs(x - y) for x, y in zip(a, b))),
+                                "ref_max_abs": float(max(b)), "shape": [len(b)]}
+    from transformers import Qwen3VLProcessor
+
+    from comfy_h3_nodes.engine.model.compat import ensure_processor_compat
+
+    ensure_processor_compat()
+    proc = Qwen3VLProcessor.from_pretrained(str(proc_dir))
+    RESULTS["processor_vision_ids"] = {"max_abs_diff": float(abs(proc.tokenizer.convert_tokens_to_ids(
+        "<|vision_start|>") - 151652) + abs(proc.image_token_id - 151655)), "ref_max_abs": 151655.0, "shape": [2]}
+
+
 if __name__ == "__main__":
-    for check in (check_dit, check_video_vae, check_audio_vae, check_text_encoder):
+    for check in (check_dit, check_video_vae, check_audio_vae, check_text_encoder, check_released_layouts,
+                  check_tokenizer):
         check()
     print(json.dumps(RESULTS))

@@ -835,24 +835,31 @@ CROSS_CHECKS = {f"dit_{v}_{s}" for v in ("bf16", "int8_convrot", "pruned_bf16", 
     "video_vae_int8_convrot_decode_vs_comfy_dequantised", "audio_vae_fp32_decode",
     "text_encoder_fp32_hidden_states_50", "text_encoder_int8_convrot_hidden_states_50",
     "text_encoder_int8_convrot_hidden_states_50_vs_comfy_dequantised", "text_encoder_nvfp4_hidden_states_50",
-    "text_encoder_nvfp4_hidden_states_50_vs_comfy_dequantised"}
+    "text_encoder_nvfp4_hidden_states_50_vs_comfy_dequantised", "tokenizer_ids", "processor_vision_ids"}
+#: the shipped configs against ComfyUI's own modules at the released size (shapes on the meta device)
+RELEASED_CHECKS = {"released_transformer", "released_transformer_pruned", "released_vae", "released_audio_vae",
+                   "released_text_encoder"}
 
 
 def test_comfy_org_files_match_comfyuis_own_modules(tmp_path, capsys):
     """ComfyUI's own H3 transformer (pruned and not), text encoder and VAEs at tiny sizes, their weights saved in each
     layout (quantised and written by ComfyUI's mixed-precision ops), loaded through the pack: the same outputs as
-    ComfyUI's forward on the same files, within the tolerances above."""
+    ComfyUI's forward on the same files, within the tolerances above. The configs the pack ships fit ComfyUI's modules
+    at the released size exactly, and its tokenizer for them (ComfyUI's vocabulary) gives ComfyUI's H3 token ids."""
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = subprocess.run([python, str(REPO / "tests" / "comfyui_crosscheck.py"), str(tmp_path)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(results) == CROSS_CHECKS
+    assert set(results) == CROSS_CHECKS | RELEASED_CHECKS
+    for name in RELEASED_CHECKS:
+        assert results.pop(name)["mismatch"] == "", name
     with capsys.disabled():
         print("\ncross-check against ComfyUI's own modules (max abs diff / largest magnitude):")
         for name, r in sorted(results.items()):
             print(f"  {name:66s} {r['max_abs_diff']:.2e} / {r['ref_max_abs']:.3g}")
+    assert results["tokenizer_ids"]["max_abs_diff"] == 0 and results["processor_vision_ids"]["max_abs_diff"] == 0
     for name, r in results.items():
         int8_kernel = "int8_convrot" in name and name.startswith(("text_encoder", "video_vae")) and \
             not name.endswith("vs_comfy_dequantised")

@@ -49,6 +49,7 @@ from torch import nn
 from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
 
 from . import comfy_keys, formats, quant
+from .compat import ensure_processor_compat
 from .split import LoadRecord, torch_dtype
 
 #: the hidden state MiniMax-H3 reads (diffusers' ``text_encoder_layer``)
@@ -403,7 +404,8 @@ def load_parts(host, parts: dict[str, PartSource], dtype: str, device: str, cach
         if component == "text_encoder":
             tok_dir, proc_dir = tokenizer_folder(src, pathlib.Path(cache_root))
             extra["tokenizer"] = AutoTokenizer.from_pretrained(str(tok_dir))
-            extra["processor"] = Qwen3VLProcessor.from_pretrained(str(proc_dir), video_processor=None)
+            ensure_processor_compat()  # the folders hold no video processor (transformers' need torchvision)
+            extra["processor"] = Qwen3VLProcessor.from_pretrained(str(proc_dir))
         host.update_components(**{component: model}, **extra)
         records.append(LoadRecord(component, time.perf_counter() - t0, dtype, f"startup (file {src.path.name})"))
     return records
