@@ -816,6 +816,9 @@ def test_template_names_comfy_org_files_on_both_machines(comfyui):
     note = timings["1"]["stages"][0]["note"]
     assert "text_encoder from file qwen3vl_32b_minimax_h3_int8_convrot.safetensors (int8, dequantised" in note, note
     assert "B plan (fp8_scaled pruned" in timings["2"]["stages"][0]["note"]
+    # the embedded B searched ComfyUI's diffusion_models folder too: its picker lists the DiT file, by its keys
+    status, _, body = asyncio.run(_get(comfyui, "/object_info/H3RemoteDiT"))
+    assert str(dit) in json.loads(body)["H3RemoteDiT"]["input"]["required"]["model_path"][0]
 
 
 #: the cross-check's tolerances (fp32 on CPU), as multiples of the reference's largest magnitude. Measured (max abs

@@ -34,7 +34,7 @@ class H3LoadEncoders:
 
     @classmethod
     def INPUT_TYPES(cls):
-        session.A_MODEL_ROOTS[:] = host().model_folders()  # what /h3/status lists as A's models
+        session.A_MODEL_ROOTS[:] = a_model_roots()  # what /h3/status lists as A's models
         models = catalog.choices(session.A_MODEL_ROOTS)
         return {"required": {
             "model_path": (models, {"default": models[0], "tooltip": (
@@ -75,6 +75,13 @@ class H3LoadEncoders:
                            note=("loaded" if loaded_now else "resident") + f" {what}: {', '.join(enc.resident())}"
                            + (f" · {plan.summary()}" if plan is not None else ""))
         return {"ui": report("H3LoadEncoders", unique_id, [rec], "load"), "result": (enc,)}
+
+
+def a_model_roots() -> list[str]:
+    """A's model roots: its diffusers folders, and ComfyUI's transformer folders (``diffusion_models``, ``unet``),
+    which an embedded B (``local``, no roots of its own) searches for its picker."""
+    h = host()
+    return list(dict.fromkeys([*h.model_folders(), *h.model_folders("diffusion_models"), *h.model_folders("unet")]))
 
 
 def check_a_model(model_path) -> str | bool:
@@ -141,7 +148,7 @@ class H3RemoteDiT:
         t0, w0 = time.perf_counter(), time.time()
         address = rq.check_cluster_address(cluster_address)
         rq.check_actor_name(actor_name)
-        session.A_MODEL_ROOTS[:] = host().model_folders()
+        session.A_MODEL_ROOTS[:] = a_model_roots()
         ex = session.dit(address, actor_name.strip(), namespace.strip(), model_path.strip(), partition,
                          dtype, attention_backend, precision=precision, actors=placement.ACTORS)
         note, extra = connection_readout(ex)
