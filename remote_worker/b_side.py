@@ -221,7 +221,7 @@ class BSide:
             return
         self.decoder_plan = memory_plan.plan_b_decoder(self.memory_plan, self.model_dir, self.dtype, self.device)
         if self.decoder_plan is None:
-            self.decoder_note = f"not loaded: {self.model_dir} has no vae/"
+            self.decoder_note = f"not loaded: {self.model_dir} has no vae/ weights"
             return
         if not self.decoder_plan.fits:
             self.decoder_note = "not loaded, it does not fit: " + self.decoder_plan.summary()

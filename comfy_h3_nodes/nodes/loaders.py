@@ -123,7 +123,8 @@ class H3RemoteDiT:
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
             "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
             "precision": (list(PRECISIONS), {"default": "auto", "tooltip": (
-                "how B stores the transformer: auto (dtype; a GGUF file as stored), bf16, fp8 (fp8 storage, bf16 "
+                "how B stores the transformer: auto (dtype; a GGUF or Comfy-Org fp8_scaled/int8 file as stored), bf16 "
+                "(such a file dequantised), fp8 (fp8 storage, bf16 "
                 "compute: both partitions fit a Spark) or gguf. B checks its memory plan before loading.")}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 

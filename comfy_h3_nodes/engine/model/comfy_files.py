@@ -33,6 +33,7 @@ configs and takes the Qwen2 BPE vocabulary (``vocab.json``, ``merges.txt``) from
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -229,11 +230,10 @@ def detect_part(path: str | os.PathLike, component: str, model_dir: str | os.Pat
     tensors, meta = formats.read_safetensors_header(p)
     found = comfy_keys.part_of(tensors)
     if found != component:
-        what = comfy_keys.PART_NAMES[found] if found else (
-            "a MiniMax-H3 transformer (it belongs on machine B)" if formats.PUBLISHED_MARKER in tensors
-            else f"not a MiniMax-H3 {label} (keys such as {formats._sample(list(tensors))})")
-        raise formats.FormatError(f"{p} is {what if found is None else 'a ' + what}, not a {label}: choose a "
-                                  f"{label} file for {component} (recognised by `{comfy_keys.PART_MARKERS[component][0]}`).")
+        what = (f"a {comfy_keys.PART_NAMES[found]}" if found else "a MiniMax-H3 transformer (it belongs on machine B)"
+                if formats.PUBLISHED_MARKER in tensors else f"another model (keys such as {formats._sample(list(tensors))})")
+        raise formats.FormatError(f"{p} is {what}, not a {label}: choose a {label} file for {component} (recognised "
+                                  f"by `{comfy_keys.PART_MARKERS[component][0]}`).")
     layers = comfy_keys.quantized_layers(tensors, meta)
     comfy_keys.check_supported(layers, tensors, str(p))
     src = PartSource(component, p.resolve(), tensors, meta, comfy_keys.variant_of(tensors, meta))
@@ -380,7 +380,7 @@ def tokenizer_folder(src: PartSource, cache_root: pathlib.Path) -> tuple[pathlib
     root = src.config_root
     if root != SHIPPED and (root / "processor").is_dir():
         return src.tokenizer_dir, root / "processor"
-    out = cache_root / f"qwen3vl-h3-tokenizer-{abs(hash(str(src.tokenizer_dir))) % 10**8}"
+    out = cache_root / f"qwen3vl-h3-tokenizer-{hashlib.sha256(str(src.tokenizer_dir).encode()).hexdigest()[:12]}"
     if not (out / "processor" / "processor_config.json").is_file():
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
         for sub in ("tokenizer", "processor"):
@@ -389,7 +389,10 @@ def tokenizer_folder(src: PartSource, cache_root: pathlib.Path) -> tuple[pathlib
                 shutil.copy(src.tokenizer_dir / f, tmp / sub / f)
             shutil.copy(SHIPPED / "tokenizer" / "tokenizer_config.json", tmp / sub / "tokenizer_config.json")
         shutil.copy(SHIPPED / "processor" / "processor_config.json", tmp / "processor" / "processor_config.json")
-        os.replace(tmp, out) if not out.exists() else shutil.rmtree(tmp, ignore_errors=True)
+        if out.exists():  # another process made it meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
     return out / "tokenizer", out / "processor"
 
 
