@@ -105,9 +105,9 @@ class TransformerSource:
     config_root: pathlib.Path | None = None  # from_single_file(config=config_root, subfolder=subfolder)
     subfolder: str = "transformer"
     metadata: dict = field(default_factory=dict)
-    vsa: fasth3.VSASettings | None = None  # a FastH3 folder: how its VSA-H3 attention runs
     variant: str = ""  # Comfy-Org's quantised variant of the layers ("fp8_scaled", "int8", ...; "" = plain)
     pruned: bool = False  # ``adaln_t_table`` in place of ``time_embedder``
+    vsa: fasth3.VSASettings | None = None  # a FastH3 folder: how its VSA-H3 attention runs
 
     @property
     def comfy(self) -> bool:
