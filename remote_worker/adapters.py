@@ -98,6 +98,13 @@ def check_lora_fits(state_dict: dict, transformer, prefix: str = "transformer.")
             wrong.append(f"{key} {tuple(tensor.shape)} (module takes {mod.in_features} inputs)")
         if part == ".lora_B.weight" and tensor.shape[0] != mod.out_features:
             wrong.append(f"{key} {tuple(tensor.shape)} (module gives {mod.out_features} outputs)")
+    adaln = [k for k in unknown if any(m in k for m in ("adaln_proj", "norm_out.linear", "time_embedder"))]
+    if adaln and getattr(transformer, "_h3_pruned", False):
+        raise AdapterError(
+            f"the adapter adapts the full-width AdaLN ({describe_keys(adaln, 2)}), which this pruned transformer "
+            "replaces by a small time-curve basis: use it with an unpruned file (Comfy-Org's minimax_h3_*_bf16 or "
+            "*_int8_convrot, or the diffusers folder), or a LoRA that leaves AdaLN alone. Nothing was loaded."
+        )
     if unknown:
         raise AdapterError(
             f"the adapter has {len(unknown)} tensors that fit no module of B's MiniMax-H3 transformer: "

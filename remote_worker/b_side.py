@@ -38,7 +38,9 @@ from comfy_h3_nodes.engine.contract import wire
 from comfy_h3_nodes.engine.contract.configs import PARTITION_OF, PARTITIONS, SCHEDULERS
 from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
 from comfy_h3_nodes.engine.contract.timing import StepRecord
-from comfy_h3_nodes.engine.model import fasth3, formats, memory_plan, parallel, preview, split, split_decode, vsa
+from comfy_h3_nodes.engine.model import (comfy_dit, fasth3, formats, memory_plan, parallel, preview, split,
+                                        split_decode, vsa)
+from comfy_h3_nodes.engine.model.quant import tensor_nbytes
 from comfy_h3_nodes.engine.model.backends import apply_attention_backend, resolve_attention_backend
 from comfy_h3_nodes.engine.model.folders import b_components, check_model_dir
 from comfy_h3_nodes.engine.model.vsa_kernels import resolve_vsa_kernel
@@ -260,7 +262,7 @@ class BSide:
             return
         self.decoder_plan = memory_plan.plan_b_decoder(self.memory_plan, self.model_dir, self.dtype, self.device)
         if self.decoder_plan is None:
-            self.decoder_note = f"not loaded: {self.model_dir} has no vae/"
+            self.decoder_note = f"not loaded: {self.model_dir} has no vae/ weights"
             return
         if not self.decoder_plan.fits:
             self.decoder_note = "not loaded, it does not fit: " + self.decoder_plan.summary()
@@ -292,8 +294,7 @@ class BSide:
         out = {}
         for name in self.resident_partitions:
             model = getattr(self._host, name)
-            out[name] = int(sum(t.numel() * t.element_size()
-                                for t in (*model.parameters(), *model.buffers())))
+            out[name] = int(sum(tensor_nbytes(t) for t in (*model.parameters(), *model.buffers())))
         return out
 
     # ------------------------------------------------------------------------------------------------ partitions
@@ -308,7 +309,7 @@ class BSide:
                 vsa.install(model, src.vsa, self.vsa_kernel, src.path)
             check_no_foreign_tensors(self.model_dir, partition, model)
         else:
-            model = load_transformer_file(src, self.dtype, self.device)
+            model = load_transformer_file(src, self.dtype, self.device, self.precision)
             self._host.update_components(**{partition: model})
         if self.precision == "fp8":
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
@@ -510,15 +511,25 @@ class BSide:
 
 
 # ---------------------------------------------------------------------------------------------------- file loading
-def load_transformer_file(src: formats.TransformerSource, dtype: str, device: str):
+def load_transformer_file(src: formats.TransformerSource, dtype: str, device: str, precision: str = "bf16"):
     """A transformer partition from a published single-file ``.safetensors`` or a ``.gguf``, through diffusers'
-    ``from_single_file`` with the config found offline (the user's folder, or the one the pack ships).
+    ``from_single_file`` with the config found offline (the user's folder, or the one the pack ships); Comfy-Org's
+    pruned and quantised files through :func:`comfy_dit.load` (their quantised layers as stored when ``precision`` is
+    ``stored``, else dequantised to ``dtype``).
 
     diffusers 0.42.1's ``from_single_file(torch_dtype=bf16)`` casts *every* module to bf16, the ones the class keeps
     in fp32 (patch projections, timestep MLP, output heads) and the computed ``rope.inv_freq`` buffer included, unlike
     ``from_pretrained``. Those are put back in fp32 from the file (the release stores them fp32), so a single-file
     run equals the folder run bit for bit. GGUF keeps them fp32 itself (its quantizer honours the list)."""
     torch_dtype = split.torch_dtype(dtype)
+    if src.comfy:
+        try:
+            return comfy_dit.load(src, torch_dtype, device, stored=precision == "stored")
+        except formats.FormatError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - re-raised with the file named
+            raise formats.FormatError(f"{src.path} failed to load as a {src.subfolder}: {type(exc).__name__}: "
+                                      f"{exc}") from exc
     kwargs = {"config": str(src.config_root), "subfolder": src.subfolder, "local_files_only": True,
               "torch_dtype": torch_dtype}
     if device != "cpu":

@@ -25,6 +25,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from comfy_h3_nodes.engine.model.catalog import FROM_MODEL  # noqa: E402
 from comfy_h3_nodes.nodes.loaders import DEFAULT_MODEL_PATH  # noqa: E402
 from comfy_h3_nodes.tools.runner import _mappings, input_specs, is_widget  # noqa: E402
 
@@ -137,7 +138,8 @@ def build(name: str, nodes: list[tuple], rows: list[list[int]]) -> dict:
 def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0), steps: int = 50,
            denoise_conns: dict | None = None, model: str = DEFAULT_MODEL_PATH) -> list[tuple]:
     return [
-        (1, "H3LoadEncoders", [model, "bfloat16", "sdpa"], {}),
+        # the part pickers take their parts from model_path (a template may name Comfy-Org's files there instead)
+        (1, "H3LoadEncoders", [model, "bfloat16", "sdpa", *[FROM_MODEL] * 3], {}),
         (2, "H3RemoteDiT",
          ["local", "h3_dit", "comfy_h3", model, partition, "bfloat16", "sdpa", "auto", "off"], {}),
         (3, "H3TextEncode", [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),

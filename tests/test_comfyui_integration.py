@@ -26,6 +26,11 @@ template in two of them. Screenshots go to ``H3_SCREENSHOTS`` (default: <tmp>/co
 
 ``H3_COMFYUI_TRACE_OUT=<file>`` also writes the websocket messages of the successful run there (that is how
 ``tests/web/fixtures/comfyui_ws_h3_trace.jsonl`` was recorded).
+
+Comfy-Org's files: the tiny fixtures are also put in ComfyUI's ``text_encoders``, ``vae`` and ``diffusion_models``
+folders under Comfy-Org's file names, and a template naming them on both machines runs; and
+``tests/comfyui_crosscheck.py`` (in ComfyUI's Python) compares the pack's loading of every layout with ComfyUI's own H3
+modules (see ``test_comfy_org_files_match_comfyuis_own_modules`` for the tolerances and the measured figures).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from browser_support import (
     CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_FREE_MASK, JS_NODE_BOXES, JS_WAIT_QUIET, MASK_STEP,
     MIN_ZOOM, covered, frontend_static, missing_browser_parts, overlaps,
 )
+from comfy_h3_nodes.engine.model.tiny_comfy import fixture
 
 pytestmark = pytest.mark.skipif(not os.environ.get("COMFYUI_DIR"), reason="COMFYUI_DIR is not set")
 
@@ -81,6 +87,11 @@ TAB_BUTTON = ('.comfy-h3-timeline-tab-button, [data-testid="comfy-h3-timeline-ta
               '.side-bar-button[aria-label^="H3 timings"]')
 VUE_SETTING = "Comfy.VueNodes.Enabled"
 BROWSER_TEMPLATE = "h3_t2va_turbo"  # 4 steps: the browser runs cost little besides the decode
+#: tiny fixtures under the names Comfy-Org's files have, in ComfyUI's model folders (relative to models/)
+COMFY_ORG_FILES = {"text_encoders/qwen3vl_32b_minimax_h3_int8_convrot.safetensors": "text_encoder:int8_convrot",
+                   "vae/minimax_h3_video_vae_fp16.safetensors": "vae:fp16",
+                   "vae/minimax_h3_audio_vae_fp32.safetensors": "audio_vae:fp32",
+                   "diffusion_models/minimax_h3_t2va_pruned_fp8_scaled.safetensors": "transformer:pruned_fp8_scaled"}
 
 
 # ------------------------------------------------------------------------------------------------ processes
@@ -175,8 +186,15 @@ def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path |
     diffusers = root / "models" / "diffusers"
     diffusers.mkdir(parents=True)
     (diffusers / FOUND_MODEL).symlink_to(tiny_ckpt, target_is_directory=True)
+    for rel, label in COMFY_ORG_FILES.items():  # Comfy-Org's names, in ComfyUI's own folders
+        (root / "models" / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(fixture(tiny_ckpt, label), root / "models" / rel)
+    shutil.copytree(tiny_ckpt / "comfy" / "diffusion_models" / "transformer",
+                    root / "models" / "diffusion_models" / "transformer")  # the tiny config, beside the DiT file
     yaml = root / "extra_model_paths.yaml"
-    yaml.write_text(f"comfy_h3_test:\n  custom_nodes: {packs}\n  diffusers: {diffusers}\n")
+    yaml.write_text(f"comfy_h3_test:\n  custom_nodes: {packs}\n  diffusers: {diffusers}\n"
+                    f"  text_encoders: {root / 'models' / 'text_encoders'}\n  vae: {root / 'models' / 'vae'}\n"
+                    f"  diffusion_models: {root / 'models' / 'diffusion_models'}\n")
     port = _free_port()
     cmd = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--disable-auto-launch",
            "--extra-model-paths-config", str(yaml), "--disable-all-custom-nodes", "--whitelist-custom-nodes", PACK,
@@ -194,6 +212,7 @@ def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path |
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     server = ComfyUI(proc, f"http://127.0.0.1:{port}", log, dirs["output"], packs,
                      found_model=(diffusers / FOUND_MODEL).absolute())
+    server.models = root / "models"
     try:
         _wait_ready(server)
         yield server
@@ -779,6 +798,87 @@ def test_interrupt_stops_denoise_and_next_prompt_runs(comfyui, tiny_ckpt):
     assert entry["status"]["status_str"] == "success"
 
 
+# ------------------------------------------------------------------------------------------------ Comfy-Org's files
+def test_template_names_comfy_org_files_on_both_machines(comfyui):
+    """ComfyUI lists the Comfy-Org files of its text_encoders and vae folders in H3LoadEncoders' pickers (by their
+    keys: the DiT file is not among them); the t2va template with those names on A and the pruned fp8_scaled DiT file
+    on B (model_path tiny-random on A) runs to an MP4, and the readouts say what came from files."""
+    status, _, body = asyncio.run(_get(comfyui, "/object_info/H3LoadEncoders"))
+    opt = json.loads(body)["H3LoadEncoders"]["input"]["optional"]
+    assert opt["text_encoder"][0] == ["from model_path", "qwen3vl_32b_minimax_h3_int8_convrot.safetensors", TINY]
+    assert opt["vae"][0] == ["from model_path", "minimax_h3_video_vae_fp16.safetensors", TINY]
+    assert opt["audio_vae"][0] == ["from model_path", "minimax_h3_audio_vae_fp32.safetensors", TINY]
+    api, ui = _with_tiny(*_template("h3_t2va"))
+    api["1"]["inputs"].update(text_encoder="qwen3vl_32b_minimax_h3_int8_convrot.safetensors",
+                              vae="minimax_h3_video_vae_fp16.safetensors",
+                              audio_vae="minimax_h3_audio_vae_fp32.safetensors")
+    dit = comfyui.models / "diffusion_models" / "minimax_h3_t2va_pruned_fp8_scaled.safetensors"
+    api["2"]["inputs"]["model_path"] = str(dit)
+    api["3"]["inputs"].update(width=64, height=64)
+    api["5"]["inputs"]["steps"] = 3
+    pid, messages, entry = asyncio.run(_run(comfyui, api))
+    errors = _of(messages, "execution_error", pid)
+    assert not errors, f"{errors[0].get('exception_message')}\n{''.join(errors[0].get('traceback', []))}"
+    (video,) = entry["outputs"]["7"]["images"]
+    assert (comfyui.output / "h3" / video["filename"]).stat().st_size > 0
+    timings = {d["node"]: d for d in _of(messages, "h3.timing", pid)}
+    note = timings["1"]["stages"][0]["note"]
+    assert "text_encoder from file qwen3vl_32b_minimax_h3_int8_convrot.safetensors (int8, dequantised" in note, note
+    assert "B plan (fp8_scaled pruned" in timings["2"]["stages"][0]["note"]
+    # the embedded B searched ComfyUI's diffusion_models folder too: its picker lists the DiT file, by its keys
+    status, _, body = asyncio.run(_get(comfyui, "/object_info/H3RemoteDiT"))
+    assert str(dit) in json.loads(body)["H3RemoteDiT"]["input"]["required"]["model_path"][0]
+
+
+#: the cross-check's tolerances (fp32 on CPU), as multiples of the reference's largest magnitude. Measured (max abs
+#: difference / largest magnitude): transformer one step, unpruned fp32 4.3e-6 / 10.8, unpruned int8_convrot
+#: 4.8e-6 / 10.8, pruned fp32 1.6e-6 / 6.8, pruned fp8_scaled 1.4e-6 / 6.8, pruned int8_convrot 1.7e-6 / 6.8 (B keeps
+#: the quantised layers as comfy-kitchen tensors, so it runs ComfyUI's own int8 kernel); video VAE decode fp32
+#: 6.0e-7 / 2.5, encode 0; audio VAE decode 0; text encoder hidden_states[50] fp32 1.1e-5 / 12.3, nvfp4 1.1e-5 / 13.3
+#: (ComfyUI emulates nvfp4 on a CPU by dequantising, as A does); against ComfyUI's own dequantisation of an int8_convrot
+#: file: video VAE 9.5e-7 / 2.5, text encoder 1.4e-5 / 12.4.
+EXACT_TOL = 5e-6
+#: A dequantises int8_convrot layers at load; ComfyUI's int8 kernel also quantises the activations, so there the two
+#: differ by that rounding (measured: video VAE decode 9.0e-3 / 2.5, text encoder 0.47 / 12.5 after 50 layers).
+INT8_KERNEL_TOL = 0.06
+CROSS_CHECKS = {f"dit_{v}_{s}" for v in ("bf16", "int8_convrot", "pruned_bf16", "pruned_fp8_scaled",
+                                         "pruned_int8_convrot") for s in ("video", "audio")} | {
+    "video_vae_fp32_decode", "video_vae_fp32_encode", "video_vae_int8_convrot_decode",
+    "video_vae_int8_convrot_decode_vs_comfy_dequantised", "audio_vae_fp32_decode",
+    "text_encoder_fp32_hidden_states_50", "text_encoder_int8_convrot_hidden_states_50",
+    "text_encoder_int8_convrot_hidden_states_50_vs_comfy_dequantised", "text_encoder_nvfp4_hidden_states_50",
+    "text_encoder_nvfp4_hidden_states_50_vs_comfy_dequantised", "tokenizer_ids", "processor_vision_ids"}
+#: the shipped configs against ComfyUI's own modules at the released size (shapes on the meta device)
+RELEASED_CHECKS = {"released_transformer", "released_transformer_pruned", "released_vae", "released_audio_vae",
+                   "released_text_encoder"}
+
+
+def test_comfy_org_files_match_comfyuis_own_modules(tmp_path, capsys):
+    """ComfyUI's own H3 transformer (pruned and not), text encoder and VAEs at tiny sizes, their weights saved in each
+    layout (quantised and written by ComfyUI's mixed-precision ops), loaded through the pack: the same outputs as
+    ComfyUI's forward on the same files, within the tolerances above. The configs the pack ships fit ComfyUI's modules
+    at the released size exactly, and its tokenizer for them (ComfyUI's vocabulary) gives ComfyUI's H3 token ids."""
+    python = os.environ.get("COMFYUI_PYTHON") or sys.executable
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([python, str(REPO / "tests" / "comfyui_crosscheck.py"), str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(results) == CROSS_CHECKS | RELEASED_CHECKS
+    for name in RELEASED_CHECKS:
+        assert results.pop(name)["mismatch"] == "", name
+    with capsys.disabled():
+        print("\ncross-check against ComfyUI's own modules (max abs diff / largest magnitude):")
+        for name, r in sorted(results.items()):
+            print(f"  {name:66s} {r['max_abs_diff']:.2e} / {r['ref_max_abs']:.3g}")
+    assert results["tokenizer_ids"]["max_abs_diff"] == 0 and results["processor_vision_ids"]["max_abs_diff"] == 0
+    for name, r in results.items():
+        int8_kernel = "int8_convrot" in name and name.startswith(("text_encoder", "video_vae")) and \
+            not name.endswith("vs_comfy_dequantised")
+        tol = (INT8_KERNEL_TOL if int8_kernel else EXACT_TOL) * max(r["ref_max_abs"], 1.0)
+        assert r["max_abs_diff"] <= tol, (name, r)
+
+
 # ------------------------------------------------------------------------------------------------ browser
 @pytest.fixture(scope="module")
 def browser():
@@ -1113,3 +1213,4 @@ def test_template_wall_times(capsys):
     with capsys.disabled():
         print(f"\n[h3] template wall times in real ComfyUI (goal {TEMPLATE_GOAL_S:.0f} s per video): "
               + ", ".join(f"{k} {v:.1f} s" for k, v in WALL_S.items()))
+

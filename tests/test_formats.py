@@ -90,14 +90,22 @@ def _tiny_file(path, names, shape=(4, 4)):
     return path
 
 
-def test_refuses_pruned(tmp_path):
+def test_pruned_is_a_comfy_variant_and_an_incomplete_one_is_refused(tmp_path, tiny_ckpt):
+    """Comfy-Org's pruned files are recognised from their header (``adaln_t_table``); one lacking tensors is refused
+    before loading, in one sentence naming what is missing."""
+    from comfy_h3_nodes.engine.model import memory_plan
+    from comfy_h3_nodes.engine.model.tiny_comfy import fixture
+
+    src = formats.detect(fixture(tiny_ckpt, "transformer:pruned_fp8_scaled"), model_dir=tiny_ckpt)
+    assert src.kind == "single_file" and src.pruned and src.variant == "fp8_scaled" and src.comfy
+    assert "Comfy-Org fp8_scaled, pruned" in src.describe()
     f = _tiny_file(tmp_path / "minimax_h3_fl2va_fp8_scaled_pruned.safetensors",
                    [formats.PUBLISHED_MARKER, "adaln_t_table", "blocks.0.mlp.fc1.weight"])
+    src = formats.detect(f, model_dir=tiny_ckpt)
     with pytest.raises(formats.FormatError) as err:
-        formats.detect(f)
+        memory_plan.transformer_bytes(src, "bf16")
     msg = str(err.value)
-    assert "pruned" in msg and "adaln_t_table" in msg and "unpruned" in msg and msg.count(". ") == 0
-    assert not formats.is_h3_transformer(f)
+    assert "does not match the transformer config" in msg and "missing" in msg and msg.count(". ") == 1
 
 
 def test_refuses_pruned_gguf(tmp_path):
@@ -108,7 +116,7 @@ def test_refuses_pruned_gguf(tmp_path):
     for n in (formats.PUBLISHED_MARKER, "adaln_t_table"):
         w.add_tensor(n, np.zeros((4, 32), np.float32))
     w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    with pytest.raises(formats.FormatError, match="pruned MiniMax-H3 transformer"):
+    with pytest.raises(formats.FormatError, match="pruned MiniMax-H3 GGUF .* pruned .safetensors"):
         formats.detect(f)
 
 
@@ -197,7 +205,10 @@ def test_catalog_lists_h3_transformer_files_by_their_keys(tiny_ckpt, tmp_path):
     shutil.copy(tiny_ckpt / "gguf" / "transformer_ref-Q8_0.gguf", unet / "h3-ref.gguf")
     shutil.copy(tiny_ckpt / "vae" / "diffusion_pytorch_model.safetensors", models / "minimax_h3_vae.safetensors")
     build_tiny_lora(root / "diffusion_models" / "minimax_h3_turbo_lora.safetensors")
-    _tiny_file(root / "unet" / "minimax_h3_pruned.safetensors", [formats.PUBLISHED_MARKER, "adaln_t_table"])
+    shutil.copy(tiny_ckpt / "comfy" / "diffusion_models" / "minimax_h3_t2va_pruned_int8_convrot.safetensors",
+                unet / "pruned.safetensors")  # Comfy-Org's pruned variants load now: a choice
+    shutil.copy(tiny_ckpt / "comfy" / "text_encoders" / "qwen3vl_h3_bf16.safetensors", models / "te.safetensors")
     shutil.copytree(tiny_ckpt, root / "MiniMax-H3")  # a diffusers folder: its shards are not choices
     found = catalog.find_transformer_files([root])
-    assert found == sorted([str(models / "renamed.bin.safetensors"), str(unet / "h3-ref.gguf")])
+    assert found == sorted([str(models / "renamed.bin.safetensors"), str(unet / "h3-ref.gguf"),
+                            str(unet / "pruned.safetensors")])

@@ -87,13 +87,17 @@ def test_bench_memory_through_the_actor(ray_cluster, tiny_ckpt, capsys):
     assert bench.main(["memory", "--json", "--ckpt", str(tiny_ckpt)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     out = json.loads(last)
-    assert list(out) == ["plans"] and list(out["plans"]) == ["bf16-one", "fp8-both", "gguf-q8_0-both"]
+    assert list(out) == ["plans"] and list(out["plans"]) == ["bf16-one", "fp8-both", "gguf-q8_0-both",
+                                                             "pruned-fp8-both"]
     for label, v in out["plans"].items():
         assert list(v) == ["tiny_measured_bytes", "tiny_planned_bytes", "real_planned_bytes"]
         assert abs(v["tiny_planned_bytes"] - v["tiny_measured_bytes"]) <= 0.02 * v["tiny_measured_bytes"], label
     p = out["plans"]
     assert p["fp8-both"]["real_planned_bytes"] <= 1.05 * p["bf16-one"]["real_planned_bytes"]
     assert p["fp8-both"]["tiny_measured_bytes"] < 2 * p["bf16-one"]["tiny_measured_bytes"]
+    # Comfy-Org's pruned fp8_scaled files: both partitions about 40 GB at the released size (21 GB files each)
+    assert 38e9 < p["pruned-fp8-both"]["real_planned_bytes"] < 43e9
+    assert p["pruned-fp8-both"]["real_planned_bytes"] < 0.7 * p["fp8-both"]["real_planned_bytes"]
 
 
 def test_actor_refuses_a_plan_that_does_not_fit(ray_cluster, tiny_ckpt):

@@ -38,10 +38,10 @@ class ClusterState:
 CLUSTER = ClusterState()
 
 
-def _a_side(model_path: str, dtype: str, attention_backend: str, device: str | None):
+def _a_side(model_path: str, dtype: str, attention_backend: str, device: str | None, **parts):
     from .a_side.side import ASide  # noqa: PLC0415 - torch and diffusers load when a node first runs, not at import
 
-    return ASide(model_path, dtype=dtype, attention_backend=attention_backend, device=device)
+    return ASide(model_path, dtype=dtype, attention_backend=attention_backend, device=device, **parts)
 
 
 #: how a resident A side is built: ``(model_path, dtype, attention_backend, device) -> side`` (a benchmark may
@@ -57,13 +57,17 @@ def use_a_side(factory=None) -> None:
         _encoders.clear()
 
 
-def encoders(model_path: str, dtype: str = "bfloat16", attention_backend: str = "sdpa", device: str | None = None):
-    """``(side, loaded_now)``: the resident A side for this configuration (loaded on first use, then reused)."""
-    key = (str(model_path), dtype, attention_backend, device)
+def encoders(model_path: str, dtype: str = "bfloat16", attention_backend: str = "sdpa", device: str | None = None,
+             parts: dict | None = None, tokenizer_dirs: tuple = ()):
+    """``(side, loaded_now)``: the resident A side for this configuration (loaded on first use, then reused);
+    ``parts``: the text encoder / VAEs that come from single files (component -> path)."""
+    parts = {k: v for k, v in (parts or {}).items() if v}
+    key = (str(model_path), dtype, attention_backend, device, tuple(sorted(parts.items())))
     with _lock:
         if key in _encoders:
             return _encoders[key], False
-        side = A_SIDE_FACTORY(model_path, dtype, attention_backend, device)
+        extra = {"parts": parts, "tokenizer_dirs": tuple(tokenizer_dirs)} if parts else {}
+        side = A_SIDE_FACTORY(model_path, dtype, attention_backend, device, **extra)
         _encoders[key] = side
         return side, True
 
@@ -212,5 +216,6 @@ def status(timeout: float = 5.0) -> dict:
         out["actors"].append(entry)
     with _lock:
         out["encoders"] = [{"model_path": k[0], "dtype": k[1], "attention_backend": k[2], "resident": e.resident(),
+                            "parts": {c: str(p.path) for c, p in (getattr(e, "parts", None) or {}).items()},
                             "memory_plan": e.memory_plan.summary()} for k, e in _encoders.items()]
     return out

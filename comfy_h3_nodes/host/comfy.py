@@ -62,10 +62,11 @@ class ComfyHost:
     def output_dir(self) -> pathlib.Path:
         return pathlib.Path(folder_paths.get_output_directory())
 
-    def model_folders(self) -> list[str]:
-        """ComfyUI's ``diffusers`` model folders: ``models/diffusers`` plus that key in ``extra_model_paths.yaml``."""
+    def model_folders(self, kind: str = "diffusers") -> list[str]:
+        """ComfyUI's model folders of ``kind`` (``diffusers``, ``text_encoders``, ``vae``, ...): ``models/<kind>``
+        plus that key in ``extra_model_paths.yaml``."""
         try:
-            return list(folder_paths.get_folder_paths("diffusers"))
+            return list(folder_paths.get_folder_paths(kind))
         except KeyError:  # a ComfyUI without that folder kind
             return []
 
@@ -94,6 +95,11 @@ class ComfyHost:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(jpeg)
         return {"filename": name, "subfolder": "", "type": "temp"}
+
+    def tokenizer_folders(self) -> list[str]:
+        """The Qwen2 BPE vocabulary ComfyUI ships for its own Qwen text encoders (its H3 text encoder reads it)."""
+        comfy_dir = pathlib.Path(comfy.model_management.__file__).resolve().parent  # comfy/ is a namespace package
+        return [str(comfy_dir / "text_encoders" / "qwen25_tokenizer")]
 
     def add_routes(self, handlers: dict) -> None:
         for path, handler in handlers.items():

@@ -117,6 +117,12 @@ class LocalHost:
         self.kept[str(node_id)] = jpeg
         return None
 
-    def model_folders(self) -> list[str]:
-        """A's model roots without ComfyUI: ``H3_MODEL_DIRS`` (colon-separated), else none."""
-        return [d for d in os.environ.get("H3_MODEL_DIRS", "").split(os.pathsep) if d.strip()]
+    def model_folders(self, kind: str = "diffusers") -> list[str]:
+        """A's model roots without ComfyUI: ``H3_MODEL_DIRS`` (colon-separated), else none; for another ``kind``
+        (``text_encoders``, ``vae``) its subfolder of each root, as in ComfyUI's ``models/``."""
+        roots = [d for d in os.environ.get("H3_MODEL_DIRS", "").split(os.pathsep) if d.strip()]
+        return roots if kind == "diffusers" else [os.path.join(d, kind) for d in roots]
+
+    def tokenizer_folders(self) -> list[str]:
+        """Folders holding the Qwen2 BPE vocabulary (``vocab.json``, ``merges.txt``): ``H3_TOKENIZER_DIRS``."""
+        return [d for d in os.environ.get("H3_TOKENIZER_DIRS", "").split(os.pathsep) if d.strip()]

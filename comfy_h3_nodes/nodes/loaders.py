@@ -22,8 +22,15 @@ from .values import DiT, dit_parts
 DEFAULT_MODEL_PATH = "/models/MiniMax-H3"
 
 
+#: H3LoadEncoders' optional part pickers: input name -> (ComfyUI folder kind, what the tooltip calls it)
+PART_INPUTS = {"text_encoder": ("text_encoders", "Qwen3-VL text encoder (Comfy-Org's qwen3vl_32b_minimax_h3_*)"),
+               "vae": ("vae", "video VAE (Comfy-Org's minimax_h3 video VAE, fp16 or int8_convrot)"),
+               "audio_vae": ("vae", "audio VAE (Comfy-Org's minimax_h3 audio VAE, fp32)")}
+
+
 class H3LoadEncoders:
-    DESCRIPTION = "Loads MiniMax-H3's Qwen3-VL text encoder, video VAE and audio VAE on this machine (A), once."
+    DESCRIPTION = ("Loads MiniMax-H3's Qwen3-VL text encoder, video VAE and audio VAE on this machine (A), once: from "
+                   "the diffusers folder, or each from a single file in ComfyUI's text_encoders / vae folders.")
     CATEGORY = CATEGORY
     RETURN_TYPES = ("H3_ENCODERS",)
     RETURN_NAMES = ("encoders",)
@@ -31,7 +38,7 @@ class H3LoadEncoders:
 
     @classmethod
     def INPUT_TYPES(cls):
-        session.A_MODEL_ROOTS[:] = host().model_folders()  # what /h3/status lists as A's models
+        session.A_MODEL_ROOTS[:] = a_model_roots()  # what /h3/status lists as A's models
         models = catalog.choices(session.A_MODEL_ROOTS)
         return {"required": {
             "model_path": (models, {"default": catalog.default_choice(models), "tooltip": (
@@ -39,6 +46,11 @@ class H3LoadEncoders:
                 f"'{TINY}' is a tiny random model built on first use: try the pack without weights.")}),
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
             "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
+        }, "optional": {
+            name: (catalog.part_choices(host().model_folders(kind), name), {"default": catalog.FROM_MODEL, "tooltip": (
+                f"the {what} from a single file in ComfyUI's models/{kind}/ (recognised by its keys; quantised "
+                f"files are dequantised to dtype), or '{catalog.FROM_MODEL}'. '{TINY}' is the tiny random model's.")})
+            for name, (kind, what) in PART_INPUTS.items()
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
     # Names model_path so that a typed path (API prompts) passes ComfyUI's list check; this checks it instead.
@@ -46,19 +58,34 @@ class H3LoadEncoders:
     def VALIDATE_INPUTS(cls, model_path=None):
         return check_a_model(model_path)
 
-    def load(self, model_path, dtype, attention_backend, unique_id=None):
+    def load(self, model_path, dtype, attention_backend, unique_id=None, text_encoder=catalog.FROM_MODEL,
+             vae=catalog.FROM_MODEL, audio_vae=catalog.FROM_MODEL):
         t0, w0 = time.perf_counter(), time.time()
         err = check_a_model(model_path)
         if err is not True:
             raise ModelFolderError(err)
-        enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend)
+        parts = {name: catalog.resolve_part(choice, name, host().model_folders(PART_INPUTS[name][0]))
+                 for name, choice in (("text_encoder", text_encoder), ("vae", vae), ("audio_vae", audio_vae))}
+        enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend, parts=parts,
+                                           tokenizer_dirs=tuple(host().tokenizer_folders()))
         loads = sum(r.seconds for r in enc.load_records) if loaded_now else 0.0
         what = catalog.tiny_name(model_path) if catalog.is_tiny(model_path) else str(enc.model_dir)
+        files = getattr(enc, "parts", None) or {}
+        if files:  # parts from single files: which, and at what
+            what += " with " + ", ".join(f"{c} from file {p.path.name} ({p.variant or 'plain'}"
+                                         + (f", dequantised to {dtype})" if p.variant else ")") for c, p in files.items())
         plan = getattr(enc, "memory_plan", None)
         rec = local_record("load", t0, w0, load_s=loads,
                            note=("loaded" if loaded_now else "resident") + f" {what}: {', '.join(enc.resident())}"
                            + (f" · {plan.summary()}" if plan is not None else ""))
         return {"ui": report("H3LoadEncoders", unique_id, [rec], "load"), "result": (enc,)}
+
+
+def a_model_roots() -> list[str]:
+    """A's model roots: its diffusers folders, and ComfyUI's transformer folders (``diffusion_models``, ``unet``),
+    which an embedded B (``local``, no roots of its own) searches for its picker."""
+    h = host()
+    return list(dict.fromkeys([*h.model_folders(), *h.model_folders("diffusion_models"), *h.model_folders("unet")]))
 
 
 def check_a_model(model_path) -> str | bool:
@@ -100,7 +127,8 @@ class H3RemoteDiT:
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
             "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
             "precision": (list(PRECISIONS), {"default": "auto", "tooltip": (
-                "how B stores the transformer: auto (dtype; a GGUF file as stored), bf16, fp8 (fp8 storage, bf16 "
+                "how B stores the transformer: auto (dtype; a GGUF or Comfy-Org fp8_scaled/int8 file as stored), bf16 "
+                "(such a file dequantised), fp8 (fp8 storage, bf16 "
                 "compute: both partitions fit a Spark) or gguf. B checks its memory plan before loading.")}),
         }, "optional": {
             "parallel": (list(PARALLEL), {"default": "off", "tooltip": (
@@ -130,7 +158,7 @@ class H3RemoteDiT:
         t0, w0 = time.perf_counter(), time.time()
         address = rq.check_cluster_address(cluster_address)
         rq.check_actor_name(actor_name)
-        session.A_MODEL_ROOTS[:] = host().model_folders()
+        session.A_MODEL_ROOTS[:] = a_model_roots()
         ex = session.dit(address, actor_name.strip(), namespace.strip(), model_path.strip(), partition,
                          dtype, attention_backend, precision=precision, actors=placement.ACTORS, parallel=parallel)
         note, extra = connection_readout(ex)

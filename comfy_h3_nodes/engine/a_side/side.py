@@ -1,6 +1,8 @@
 """The A side: text/reference encoding and VAE decode on resident models, built from diffusers' own blocks.
 
-A loads only ``text_encoder``, ``tokenizer``, ``processor``, ``vae`` and ``audio_vae``. ``encode`` runs the A-encode
+A loads only ``text_encoder``, ``tokenizer``, ``processor``, ``vae`` and ``audio_vae``: from the diffusers folder, or
+each of the text encoder, video VAE and audio VAE from a Comfy-Org single file (``parts``; :mod:`..model.comfy_files`:
+the folder then gives the index and whatever is not a file; with no folder, the released configs shipped with the pack). ``encode`` runs the A-encode
 blocks of the request's workflow and packs what B needs into an :class:`~.wire.EncodedRequest`; ``decode`` runs the
 ``decode.*`` blocks on a :class:`~.wire.DenoisedLatents`; ``decode_split`` runs the same blocks with the last clips
 taken from B's share (:mod:`.split_decode`). The Ray actor of the executor wraps this class.
@@ -24,7 +26,7 @@ from ..contract.configs import A_COMPONENTS, MODEL_COMPONENTS_A
 from ..contract.timing import StageRecord
 from ..contract.request import EncodeRequest, ValidEncode, validate_encode
 from ..media import resample_audio
-from ..model import memory_plan, split, split_decode
+from ..model import catalog, comfy_files, formats, memory_plan, split, split_decode
 from ..model.backends import resolve_attention_backend
 from ..model.folders import check_model_dir
 from ..process import maybe_profile
@@ -45,18 +47,34 @@ class DecodedMedia:
 class ASide:
     """Resident encoders and VAEs. One instance per process; ``encode``/``decode`` may be called for any workflow."""
 
-    def __init__(self, model_dir: str | os.PathLike, dtype: str = "bfloat16", attention_backend: str = "sdpa",
-                 device: str | None = None, memory_limit_bytes: int | None = None):
+    def __init__(self, model_dir: str | os.PathLike | None, dtype: str = "bfloat16", attention_backend: str = "sdpa",
+                 device: str | None = None, memory_limit_bytes: int | None = None, parts: dict | None = None,
+                 tokenizer_dirs: tuple = ()):
         self.attention_backend = resolve_attention_backend(attention_backend)
         self.device = split.pick_device(device)
         self.dtype = dtype
-        self.model_dir = check_model_dir(model_dir, A_COMPONENTS)
+        parts = {k: str(v) for k, v in (parts or {}).items() if v}
+        bad = sorted(set(parts) - set(MODEL_COMPONENTS_A))
+        if bad:
+            raise formats.FormatError(f"parts {bad} cannot come from a file; expected some of {MODEL_COMPONENTS_A}.")
+        from_folder = tuple(c for c in A_COMPONENTS if c not in parts
+                            and not (c in ("tokenizer", "processor") and "text_encoder" in parts))
+        if model_dir is None and from_folder:
+            raise formats.FormatError(f"with no model folder every part must come from a file; {from_folder[0]} does "
+                                      "not: choose its file, or give model_path.")
+        self.model_dir = check_model_dir(model_dir if model_dir is not None else formats.RELEASED_CONFIG_DIR,
+                                         from_folder)
+        #: the parts loaded from single files (component -> PartSource: file, variant, where its configs come from)
+        self.parts = {c: comfy_files.detect_part(p, c, model_dir, tokenizer_dirs) for c, p in parts.items()}
         # the text encoder and VAEs at this dtype + decode working memory, against what A has: refused before loading
         self.memory_plan = memory_plan.plan_a(self.model_dir, MODEL_COMPONENTS_A, dtype, self.device,
-                                              limit_bytes=memory_limit_bytes).check()
-        loaded = split.load_checked(self.model_dir, A_COMPONENTS, dtype, self.device)
+                                              limit_bytes=memory_limit_bytes, parts=self.parts).check()
+        loaded = split.load_checked(self.model_dir, from_folder, dtype, self.device)
         self._host = loaded.host
         self.load_records = loaded.records
+        if self.parts:
+            self.load_records.extend(comfy_files.load_parts(self._host, self.parts, dtype, self.device,
+                                                                catalog.cache_root()))
         self._pipes: dict[tuple[str, str], object] = {}
         self._accepts: dict[tuple[str, str], set[str]] = {}
         self._decode_lock = threading.Lock()  # one decode at a time: a split decode overrides a method of the VAE
@@ -164,7 +182,9 @@ class ASide:
     def decoder_info(self) -> dict:
         """What the executor's split-decode policy compares with B's (same weights, same dtype), and the geometry."""
         if getattr(self, "_vae_fingerprint", None) is None:
-            self._vae_fingerprint = split_decode.vae_fingerprint(self.model_dir / "vae")
+            vae = self.parts.get("vae")
+            self._vae_fingerprint = (split_decode.vae_fingerprint(self.model_dir / "vae") if vae is None
+                                     else f"file:{vae.path.name}:{vae.path.stat().st_size}")
         return {"resident": True, "dtype": self.dtype, "fingerprint": self._vae_fingerprint,
                 **split_decode.geometry(self.vae)}
 

@@ -188,3 +188,76 @@ def find_transformer_files(roots: Iterable[str | os.PathLike], depth: int = SEAR
         except OSError:
             continue
     return sorted(found)
+
+
+# ---------------------------------------------------------------------------------------------------- A's part files
+#: the choice of an A part picker that takes the part from ``model_path`` (the default: saved workflows keep working)
+FROM_MODEL = "from model_path"
+#: ComfyUI's folder kind of each part that may come from a single file, and the tiny fixture file of ``tiny-random``
+PART_KINDS = {"text_encoder": "text_encoders", "vae": "vae", "audio_vae": "vae"}
+_TINY_PARTS = {"text_encoder": "text_encoders/qwen3vl_h3_bf16.safetensors",
+               "vae": "vae/minimax_h3_video_vae_fp16.safetensors",
+               "audio_vae": "vae/minimax_h3_audio_vae_fp32.safetensors"}
+
+
+def find_part_files(roots: Iterable[str | os.PathLike], component: str, depth: int = SEARCH_DEPTH) -> list[str]:
+    """The ``.safetensors`` files under ``roots`` that are ``component`` by their keys (``comfy_keys.part_of``:
+    headers only, no torch), as ComfyUI's loaders name them: the path relative to its root (``sub/x.safetensors``)."""
+    from . import comfy_keys, formats  # noqa: PLC0415 - reads file headers; not needed when ComfyUI loads the pack
+
+    def is_part(c: pathlib.Path) -> bool:
+        try:
+            return comfy_keys.part_of(formats.read_safetensors_header(c)[0]) == component
+        except Exception:  # noqa: BLE001 - an unreadable file is no choice
+            return False
+
+    found = set()
+    for root in roots:
+        base = pathlib.Path(os.path.expanduser(str(root)))
+        for d in _walk([base], depth, lambda _d: False):
+            try:
+                found.update(str(c.relative_to(base)) for c in d.iterdir()
+                             if c.suffix.lower() == ".safetensors" and not c.name.startswith(".") and c.is_file()
+                             and is_part(c))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def part_choices(roots: Iterable[str | os.PathLike], component: str) -> list[str]:
+    """What an A part picker offers: ``from model_path``, the part's files found under ``roots``, ``tiny-random``."""
+    return [FROM_MODEL, *find_part_files(roots, component), TINY]
+
+
+def resolve_part(choice, component: str, roots: Iterable[str | os.PathLike] = (), announce=print) -> str | None:
+    """The file a part picker's choice names (``None``: from ``model_path``): ``tiny-random`` is the tiny part file,
+    built on first use; a name is looked up under ``roots`` (as ComfyUI names its models); a path is used as typed."""
+    if choice is None or not str(choice).strip() or str(choice).strip() == FROM_MODEL:
+        return None
+    if is_tiny(choice):
+        return str(tiny_part_path(component, announce))
+    text = os.path.expanduser(str(choice).strip())
+    if not os.path.isabs(text):
+        for root in roots:
+            cand = pathlib.Path(os.path.expanduser(str(root))) / text
+            if cand.is_file():
+                return str(cand.absolute())
+    return text
+
+
+def tiny_part_path(component: str, announce=print) -> pathlib.Path:
+    """The tiny random checkpoint's ``component`` as a Comfy-Org single file, its configs beside it (built on first
+    use from ``tiny-random``'s own weights, so a part from the file equals the folder's part)."""
+    ckpt = tiny_checkpoint_dir(announce)
+    root = cache_root() / f"tiny-h3-seed{TINY_SEED}-parts"
+    path = root / _TINY_PARTS[component]
+    if path.is_file():
+        return path
+    with _file_lock(cache_root() / ".tiny.lock"):
+        if not path.is_file():
+            from .tiny_comfy import write_tiny_part  # noqa: PLC0415 - torch and diffusers load only then
+
+            if announce is not None:
+                announce(f"[comfy-h3] writing the tiny random {component} as a single file {path} (first use)")
+            write_tiny_part(ckpt, component, path)
+    return path

@@ -12,14 +12,19 @@ kind             what it is                                                  loa
                  stacked ``attn.qkv_proj``, ``mlp.fc1`` = [gate; value])
 ``gguf``         an unpruned ``.gguf`` with the same tensor names             the same call plus
                  (Q8_0, K-quants, ...; small tensors F32/BF16)                ``GGUFQuantizationConfig``
+``single_file``  Comfy-Org's other variants (``variant``/``pruned`` set): pruned  :func:`.comfy_dit.load` (the pack's:
+(Comfy-Org)      AdaLN (``adaln_t_table`` in place of ``time_embedder``) and/or  diffusers refuses pruned files and has
+                 quantised layers (fp8_scaled, int8/convrot, w4a8/w6a8;          no reader for ComfyUI's quantised
+                 :mod:`.comfy_keys`)                                             layers)
 ===============  ==========================================================  ==========================================
 
 A ``folder`` may be a FastH3 one (FastVideo's VSA checkpoints: ``to_gate_compress`` tensors in every main block);
 :mod:`.fasth3` reads its VSA settings into ``TransformerSource.vsa``.
 
-Refused, each with one sentence naming what was found and what works instead: pruned files (``adaln_t_table`` in place
-of ``time_embedder``), VSA gates in a single file or a GGUF (FastH3 loads as a folder), diffusers-named shards
-given as a file, LoRA files, and anything else that is not an H3 transformer.
+Refused, each with one sentence naming what was found and what works instead: pruned GGUFs, VSA gates in a single file
+or a GGUF (FastH3 loads as a folder), diffusers-named shards given as a file, LoRA files, layers quantised in a format
+comfy-kitchen cannot read, and anything else that is not an H3 transformer (a text encoder or VAE file is named as
+such, with the machine and folder it belongs in).
 
 :func:`detect` is the one entry point (B's loader and the memory plan call it); :func:`is_h3_transformer` is the
 cheap, never-raising test a model picker uses to recognise ``.safetensors`` / ``.gguf`` files by their keys.
@@ -47,7 +52,7 @@ import gguf
 
 from ..contract.configs import PARTITIONS
 from ..contract.errors import ModelFolderError
-from . import fasth3
+from . import comfy_keys, fasth3
 
 H3_CLASS = "MiniMaxH3Transformer3DModel"
 #: diffusers' own detection key for the published single-file layout (``CHECKPOINT_KEY_NAMES["minimax-h3"]``)
@@ -100,7 +105,14 @@ class TransformerSource:
     config_root: pathlib.Path | None = None  # from_single_file(config=config_root, subfolder=subfolder)
     subfolder: str = "transformer"
     metadata: dict = field(default_factory=dict)
+    variant: str = ""  # Comfy-Org's quantised variant of the layers ("fp8_scaled", "int8", ...; "" = plain)
+    pruned: bool = False  # ``adaln_t_table`` in place of ``time_embedder``
     vsa: fasth3.VSASettings | None = None  # a FastH3 folder: how its VSA-H3 attention runs
+
+    @property
+    def comfy(self) -> bool:
+        """A Comfy-Org variant diffusers cannot load itself (pruned and/or quantised): :mod:`.comfy_dit` loads it."""
+        return bool(self.variant) or self.pruned
 
     @property
     def file_bytes(self) -> int:
@@ -125,6 +137,8 @@ class TransformerSource:
         types = ", ".join(f"{k} x{v}" for k, v in sorted(self.quant_types().items()))
         what = {"folder": "diffusers folder", "single_file": "single-file safetensors (published layout)",
                 "gguf": "GGUF"}[self.kind]
+        if self.comfy:
+            what = "Comfy-Org " + ", ".join(x for x in (self.variant, "pruned" if self.pruned else "") if x)
         return f"{self.path} ({what}; {len(self.tensors)} tensors, {_gib(self.file_bytes)} on disk; {types})"
 
 
@@ -235,19 +249,37 @@ def diffusers_view(source: TransformerSource) -> dict[str, TensorInfo]:
     if source.kind == "folder":
         return dict(source.tensors)
     out = {}
+    layers = comfy_keys.quantized_layers(source.tensors, source.metadata) if source.variant else {}
     for name, t in source.tensors.items():
-        if name in DROPPED:
+        if name in DROPPED or (source.variant and comfy_keys.is_side_key(name)):
             continue
+        if name == PRUNED_MARKER:
+            out["time_embedder.adaln_t_table"] = t
+            continue
+        layer = name[: -len(".weight")]
+        if layer in layers:  # a quantised weight: its logical shape, and what it holds with its scales
+            t = TensorInfo(name, _logical_shape(source.tensors, layer, layers[layer]), layers[layer],
+                           comfy_keys.stored_bytes(source.tensors, layer))
         if name.endswith(QKV):
             base = published_to_diffusers_name(name[: -len(QKV)])
             rows = t.shape[0] // 3
+            nbytes = comfy_keys.stored_bytes(source.tensors, layer, 3) if layer in layers else t.nbytes // 3
             for part in ("to_q", "to_k", "to_v"):
                 new = f"{base}.attn.{part}.weight"
-                out[new] = TensorInfo(new, (rows, *t.shape[1:]), t.dtype, t.nbytes // 3)
+                out[new] = TensorInfo(new, (rows, *t.shape[1:]), t.dtype, nbytes)
             continue
         new = published_to_diffusers_name(name)
         out[new] = TensorInfo(new, t.shape, t.dtype, t.nbytes)
     return out
+
+
+def _logical_shape(tensors: dict, layer: str, fmt: str) -> tuple[int, ...]:
+    shape = tensors[f"{layer}.weight"].shape
+    if fmt == "asym_w4a8_int8":
+        return (shape[0], tensors[f"{layer}.weight_s_rel"].shape[1] * 16)
+    if fmt == "nvfp4":
+        return (shape[0], 2 * shape[1])
+    return tuple(shape)
 
 
 # ---------------------------------------------------------------------------------------------------- detection
@@ -259,6 +291,10 @@ def _sample(names, limit: int = 3) -> str:
 def _guess_foreign(names: list[str]) -> str:
     """What a file that is not an H3 transformer most likely is, from its tensor names."""
     joined = " ".join(names[:2000])
+    part = comfy_keys.part_of(names)
+    if part is not None:
+        return (f"a {comfy_keys.PART_NAMES[part]} (it belongs on machine A, in ComfyUI's "
+                f"models/{comfy_keys.PART_FOLDERS[part]}/, chosen on H3LoadEncoders' {part})")
     if any(m in joined for m in LORA_MARKERS):
         return "a LoRA adapter (load it with H3LoRA / the adapters of a request, not as a transformer)"
     if "language_model." in joined or "lm_head" in joined or "embed_tokens" in joined:
@@ -274,12 +310,6 @@ def classify_keys(names: list[str], where: str, vsa_ok: bool = False) -> str:
     """``"published"`` or ``"diffusers"`` for an H3 transformer's tensor names; otherwise :class:`FormatError`.
     ``vsa_ok``: a folder, where VSA gates are FastH3's (:mod:`.fasth3` checks them)."""
     keys = set(names)
-    pruned = [n for n in names if n.endswith(PRUNED_MARKER)]
-    if pruned:
-        raise FormatError(
-            f"{where} is a pruned MiniMax-H3 transformer (`{pruned[0]}` in place of `time_embedder`), which "
-            "diffusers' MiniMaxH3Transformer3DModel cannot load: use the unpruned files instead (Comfy-Org's "
-            "`minimax_h3_{fl2va,ref2va}_bf16.safetensors`, an unpruned GGUF, or the MiniMaxAI/MiniMax-H3 folder).")
     vsa = [n for n in names if any(m in n for m in VSA_MARKERS)]
     if vsa and not vsa_ok:
         raise FormatError(
@@ -298,7 +328,7 @@ def classify_keys(names: list[str], where: str, vsa_ok: bool = False) -> str:
     raise FormatError(
         f"{where} is not a MiniMax-H3 transformer: it looks like {_guess_foreign(names)} (keys such as "
         f"{_sample(names)}; an H3 transformer has `{PUBLISHED_MARKER}`): give a MiniMax-H3 transformer as a "
-        "diffusers folder, a published single-file .safetensors or an unpruned .gguf.")
+        "diffusers folder, a single-file .safetensors (Comfy-Org's, pruned or not) or an unpruned .gguf.")
 
 
 def _check_vsa_config(config: dict, where: str) -> None:
@@ -366,13 +396,21 @@ def detect(path: str | os.PathLike, partition: str = "transformer",
             raise FormatError(
                 f"{p} holds diffusers-named tensors (one shard of a diffusers transformer folder, not the published "
                 "single-file layout): point B at the diffusers checkpoint folder that holds it instead.")
+        layers = comfy_keys.quantized_layers(tensors, meta)
+        comfy_keys.check_supported(layers, tensors, str(p))
         root = config_root_for(partition, model_dir, near=p.parent)
-        src = TransformerSource("single_file", p.resolve(), tensors, root, partition, meta)
+        src = TransformerSource("single_file", p.resolve(), tensors, root, partition, meta,
+                                comfy_keys.variant_of(tensors, meta), PRUNED_MARKER in tensors)
         _check_vsa_config(src.config(), str(src.config_path))
         return src
     if suffix == ".gguf":
         tensors, meta = read_gguf_header(p)
         classify_keys(list(tensors), str(p))
+        if any(n.endswith(PRUNED_MARKER) for n in tensors):
+            raise FormatError(
+                f"{p} is a pruned MiniMax-H3 GGUF (`{PRUNED_MARKER}` in place of `time_embedder`), which diffusers' "
+                "GGUF loader cannot read: use Comfy-Org's pruned .safetensors (bf16, fp8_scaled or int8_convrot) or "
+                "an unpruned GGUF.")
         try:
             # diffusers (and torch) load only when a GGUF file is checked, never to list or read headers
             from diffusers.quantizers.gguf.utils import SUPPORTED_GGUF_QUANT_TYPES
@@ -391,7 +429,7 @@ def detect(path: str | os.PathLike, partition: str = "transformer",
         _check_vsa_config(src.config(), str(src.config_path))
         return src
     raise FormatError(f"{p} is neither a folder, a .safetensors nor a .gguf file: give a MiniMax-H3 transformer as a "
-                      "diffusers folder, a published single-file .safetensors or an unpruned .gguf.")
+                      "diffusers folder, a single-file .safetensors (Comfy-Org's, pruned or not) or an unpruned .gguf.")
 
 
 def is_h3_transformer(path: str | os.PathLike) -> bool:

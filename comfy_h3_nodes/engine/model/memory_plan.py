@@ -10,6 +10,9 @@ times the bytes it will hold at the requested precision, following diffusers' ow
   everything else as above. Loading it first at the load dtype peaks at that size for the partition being loaded.
 * ``gguf``: quantized tensors (and BF16 ones) as stored, F32/F16 tensors at the load dtype, anything in an fp32
   module dequantized to fp32 (diffusers' GGUF quantizer). On CUDA the whole file is first read into host memory.
+* ``stored`` (``auto`` for Comfy-Org's quantised files: fp8_scaled, int8/convrot, w4a8): each quantised layer as stored
+  (its weight and scales, comfy-kitchen dequantises per call), everything else at the load dtype; ``bf16`` dequantises
+  them at load. A pruned file's curve projections and table are fp32 (:mod:`.comfy_dit`).
 
 Working memory is an estimate for the canvas (packed rows x bytes per row, plus one block's weights upcast for fp8 or
 GGUF, plus allocator slack); it is stated as such wherever it is shown. Available memory is MemAvailable (psutil), or
@@ -40,7 +43,7 @@ from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN
 from ..contract import wire
 from ..contract.configs import PARTITIONS, PRECISIONS
 from ..contract.errors import ModelFolderError
-from . import formats
+from . import comfy_dit, comfy_files, comfy_keys, formats
 from .vsa import add_gate_projections
 
 LIMIT_ENV = "H3_MEMORY_LIMIT_BYTES"
@@ -80,6 +83,18 @@ def _skeleton(config_json: str, vsa: bool = False):
 
 def skeleton(config: dict, vsa: bool = False):
     return _skeleton(json.dumps(config, sort_keys=True), vsa)
+
+
+def source_skeleton(source: formats.TransformerSource):
+    """The model a source loads into, on the meta device: the config's, pruned like the file when it is."""
+    if source.pruned:
+        return comfy_dit.skeleton(source)
+    return skeleton(source.config(), vsa=getattr(source, "vsa", None) is not None)
+
+
+def keeps_fp32(model, name: str) -> bool:
+    """Whether a parameter is held in fp32: the class's fp32 modules, and a pruned model's curve projections."""
+    return keep_fp32(type(model), name) or (getattr(model, "_h3_pruned", False) and comfy_dit.is_curve_param(name))
 
 
 def keep_fp32(cls, name: str) -> bool:
@@ -129,8 +144,7 @@ def transformer_bytes(source: formats.TransformerSource, precision: str, dtype: 
     """Resident bytes of one transformer partition at ``precision`` ("bf16" means the load ``dtype``), from the
     source's headers and config; also checks that the source's tensors are exactly the config's."""
     precision = resolve_precision(precision, source)
-    config = source.config()
-    model = skeleton(config, vsa=source.vsa is not None)  # FastH3: + 1 gate per block (1.93 B at release size)
+    model = source_skeleton(source)  # FastH3: + 1 gate per block (1.93 B at release size)
     cls = type(model)
     params = dict(model.named_parameters())
     formats.check_covers(source, {n: tuple(p.shape) for n, p in params.items()})
@@ -152,22 +166,37 @@ def transformer_bytes(source: formats.TransformerSource, precision: str, dtype: 
         extra = source.file_bytes if device.startswith("cuda") else 0
         return ComponentPlan(partition or source.subfolder, f"gguf {'+'.join(quant)}", total, extra,
                              f"{source.path.name}: as stored ({', '.join(f'{k} x{v}' for k, v in sorted(types.items()))})")
-    full = sum((4 if keep_fp32(cls, n) else size) * p.numel() for n, p in params.items()) + buffers
+    full = sum((4 if keeps_fp32(model, n) else size) * p.numel() for n, p in params.items()) + buffers
+    if precision == "stored":
+        view = formats.diffusers_view(source)
+        total = buffers + sum(view[n].nbytes if view[n].dtype in comfy_keys.VARIANTS
+                              else (4 if keeps_fp32(model, n) else size) * p.numel() for n, p in params.items())
+        return ComponentPlan(partition or source.subfolder, f"{source.variant}{' pruned' if source.pruned else ''}",
+                             total, 0, f"{source.path.name}: quantised layers as stored, the rest {dtype}")
     if precision == "fp8":
         cast = fp8_cast_modules(model)
         total = buffers
         for name, p in params.items():
             owner = name.rsplit(".", 1)[0]
-            total += p.numel() if owner in cast else (4 if keep_fp32(cls, name) else size) * p.numel()
+            total += p.numel() if owner in cast else (4 if keeps_fp32(model, name) else size) * p.numel()
         return ComponentPlan(partition or source.subfolder, "fp8", total, full - total,
                              f"fp8 storage, {dtype} compute ({len(cast)} layers cast); loads at {dtype} first")
-    return ComponentPlan(partition or source.subfolder, dtype, full, 0, f"{dtype}, fp32 modules kept fp32")
+    what = f"{dtype}, fp32 modules kept fp32" + (f" ({source.variant} dequantised at load)" if source.variant else "")
+    return ComponentPlan(partition or source.subfolder, dtype + (" pruned" if source.pruned else ""), full, 0, what)
 
 
 def resolve_precision(precision: str, source: formats.TransformerSource) -> str:
-    """``auto`` -> ``gguf`` for a GGUF file, else ``bf16`` (the load dtype); refuses mismatches."""
+    """``auto`` -> ``gguf`` for a GGUF file, ``stored`` for a Comfy-Org quantised file, else ``bf16`` (the load
+    dtype); refuses mismatches. ``stored`` (already resolved) stays ``stored`` for a quantised file, else ``bf16``."""
+    if precision == "stored":
+        return "stored" if source.variant else "bf16"
     if precision not in PRECISIONS:
         raise MemoryPlanError(f"precision is {precision!r}; expected one of {PRECISIONS}.")
+    if source.variant:
+        if precision in ("auto", "bf16"):
+            return "stored" if precision == "auto" else "bf16"
+        raise MemoryPlanError(f"{source.path.name} is a Comfy-Org {source.variant} file: choose precision 'auto' (its "
+                              f"layers as stored) or 'bf16' (dequantised at load), not {precision!r}.")
     if source.kind == "gguf":
         if precision in ("auto", "gguf"):
             return "gguf"
@@ -199,7 +228,7 @@ def working_bytes_b(config: dict, precision: str, dtype: str, canvas=DEFAULT_CAN
     size = DTYPE_BYTES[dtype]
     per_row = size * (4 * hidden + 4 * inner + 3 * ffn)
     block = 0
-    if precision in ("fp8", "gguf"):
+    if precision in ("fp8", "gguf", "stored"):
         model = skeleton(config)
         block = size * sum(p.numel() for p in model.transformer_blocks[0].parameters())
     slack = GiB if device.startswith("cuda") else 0
@@ -310,7 +339,7 @@ def plan_b(sources: dict[str, formats.TransformerSource], partitions: tuple[str,
     avail, where = available_memory(device, limit_bytes)
     comps = [transformer_bytes(sources[p], precision, dtype, device, p) for p in partitions]
     first = sources[partitions[0]]
-    working = working_bytes_b(first.config(), resolve_precision(precision, first), dtype, canvas, device=device)
+    working = working_bytes_b(comfy_dit.model_config(first), resolve_precision(precision, first), dtype, canvas, device=device)
     residency = "both partitions" if len(partitions) > 1 else f"{partitions[0]} only, swapping"
     label = f"{comps[0].precision}, {residency}"
     plan = MemoryPlan(machine, label, comps, working, avail, where, int(avail * margin_fraction()), tuple(canvas))
@@ -334,14 +363,15 @@ def choose_b_plan(sources: dict[str, formats.TransformerSource], partition: str,
 
 def fitting_options_b(sources, dtype, device, canvas, avail, margin, exclude="") -> list[tuple[str, int]]:
     gguf = all(s.kind == "gguf" for s in sources.values())
-    precisions = ("gguf",) if gguf else ("bf16", "fp8")
+    stored = all(s.variant for s in sources.values())
+    precisions = ("gguf",) if gguf else ("auto", "bf16") if stored else ("bf16", "fp8")
     both = tuple(p for p in PARTITIONS if p in sources)
     out = []
     for prec in precisions:
         for parts in ((both,) if len(both) > 1 else ()) + ((both[:1],) if both else ()):
             try:
                 p = plan_b(sources, parts, prec, dtype, device, canvas, limit_bytes=avail, with_options=False)
-            except formats.FormatError:
+            except (formats.FormatError, MemoryPlanError):
                 continue
             if p.label != exclude and p.need_bytes <= avail - margin:
                 name = p.components[0].precision
@@ -406,22 +436,37 @@ def working_bytes_a(dtype: str, canvas=DEFAULT_CANVAS, device: str = "cpu", vae_
             + (GiB if device.startswith("cuda") else 0))
 
 
+def part_bytes(src: comfy_files.PartSource, dtype: str) -> ComponentPlan:
+    """Resident bytes of an A part loaded from a single file at ``dtype`` (quantised layers dequantised, the class's
+    fp32 modules fp32), from its config and header (the model built on the meta device)."""
+    model = comfy_files.skeleton(src.component, src.config(), src.tensors)
+    params = comfy_files.resident_params(src, model)
+    size = DTYPE_BYTES[dtype]
+    total = sum((4 if keep_fp32(type(model), n) else size) * p.numel() for n, p in params.items())
+    total += sum(b.numel() * b.element_size() for b in model.buffers())
+    what = f"{src.path.name} ({src.variant or 'plain'}" + (", dequantised)" if src.variant else ")")
+    return ComponentPlan(src.component, dtype, total, 0, what)
+
+
 def plan_a(model_dir: str | os.PathLike, components: tuple[str, ...], dtype: str = "bfloat16", device: str = "cpu",
-           canvas=None, limit_bytes: int | None = None) -> MemoryPlan:
-    """A's plan: the text encoder and VAEs of the diffusers folder at ``dtype`` plus decode working memory for
-    ``canvas`` (default: the checkpoint's own default canvas)."""
+           canvas=None, limit_bytes: int | None = None, parts: dict | None = None) -> MemoryPlan:
+    """A's plan: the text encoder and VAEs of the diffusers folder (or, for those in ``parts``, of their single
+    files) at ``dtype`` plus decode working memory for ``canvas`` (default: the checkpoint's own default canvas)."""
     root = pathlib.Path(os.path.expanduser(str(model_dir)))
+    parts = parts or {}
     canvas = tuple(canvas) if canvas else default_canvas(root)
     avail, where = available_memory(device, limit_bytes)
-    comps = [folder_bytes(root / c, dtype) for c in components if (root / c / "config.json").is_file()]
+    comps = [part_bytes(parts[c], dtype) if c in parts else folder_bytes(root / c, dtype) for c in components
+             if c in parts or (root / c / "config.json").is_file()]
     try:
-        channels = int(json.loads((root / "vae" / "config.json").read_text())["block_out_channels"][0])
+        vae_cfg = parts["vae"].config() if "vae" in parts else json.loads((root / "vae" / "config.json").read_text())
+        channels = int(vae_cfg["block_out_channels"][0])
     except Exception:  # noqa: BLE001
         channels = 128
     plan = MemoryPlan("A", dtype, comps, working_bytes_a(dtype, canvas, device, channels), avail, where,
                       int(avail * margin_fraction()), canvas)
     if not plan.fits and dtype == "float32":
-        alt = plan_a(root, components, "bfloat16", device, canvas, avail)
+        alt = plan_a(root, components, "bfloat16", device, canvas, avail, parts)
         if alt.need_bytes <= plan.usable_bytes:
             plan.options = [("bfloat16", alt.need_bytes)]
     return plan
@@ -438,7 +483,7 @@ def plan_b_decoder(base: MemoryPlan, model_dir: str | os.PathLike, dtype: str = 
     B decodes its share between two denoises (one queue), so working memory is the larger of the two, not the sum.
     ``None`` when the model folder has no ``vae/``."""
     folder = pathlib.Path(os.path.expanduser(str(model_dir))) / "vae"
-    if not (folder / "config.json").is_file():
+    if not (folder / "config.json").is_file() or not any(folder.glob("*.safetensors")):  # shipped configs: no weights
         return None
     full = folder_bytes(folder, dtype).bytes
     kept = folder_bytes(folder, dtype, exclude=VAE_ENCODER_PREFIXES)
@@ -454,9 +499,39 @@ def plan_b_decoder(base: MemoryPlan, model_dir: str | os.PathLike, dtype: str = 
 
 
 # ---------------------------------------------------------------------------------------------------- real size
+#: the grid of the real pruned files' ``adaln_t_table`` is read from each file; the arithmetic assumes 1024 rows
+#: (32 bytes each: it does not matter)
+REAL_PRUNED_GRID = 1024
+
+
+def real_pruned_fp8(tensors: dict[str, formats.TensorInfo], grid: int = REAL_PRUNED_GRID, k: int = 8) -> dict:
+    """The published layout's tensors as Comfy-Org's pruned fp8_scaled file holds them (arithmetic only): no
+    ``time_embedder``, fp32 ``adaln_t_table`` [grid, k] and k-wide fp32 AdaLN projections, fp8 attention/MLP/text
+    projections with a per-tensor scale and their comfy_quant JSON."""
+    out = {}
+    for name, t in tensors.items():
+        if name.startswith("time_embedder."):
+            continue
+        if "adaln_proj.linear." in name:
+            shape = (t.shape[0], k) if name.endswith(".weight") else t.shape
+            out[name] = formats.TensorInfo(name, shape, "F32", 4 * formats._numel(shape))
+            continue
+        layer = name[: -len(".weight")]
+        if name.endswith(".weight") and re.match(r"^(token_refiner\.)?blocks\.\d+\.(attn\.(qkv_proj|out_proj)|mlp\.fc[12])$"
+                                                 r"|^condition_proj$", layer):
+            out[name] = formats.TensorInfo(name, t.shape, "F8_E4M3", formats._numel(t.shape))
+            out[f"{layer}.weight_scale"] = formats.TensorInfo(f"{layer}.weight_scale", (), "F32", 4)
+            out[f"{layer}.comfy_quant"] = formats.TensorInfo(f"{layer}.comfy_quant", (27,), "U8", 27)
+            continue
+        out[name] = t
+    out[formats.PRUNED_MARKER] = formats.TensorInfo(formats.PRUNED_MARKER, (grid, k), "F32", 4 * grid * k)
+    return out
+
+
 def real_sources(kind: str = "single_file", qtype: str = "Q8_0") -> dict[str, formats.TransformerSource]:
     """Sources with the released model's tensors (from the shipped config; no file): the published single-file
-    layout in its mixed precision, or a GGUF of it under :func:`formats.gguf_type_for`. For arithmetic only."""
+    layout in its mixed precision, a GGUF of it under :func:`formats.gguf_type_for`, or (``pruned-fp8``) Comfy-Org's
+    pruned fp8_scaled file. For arithmetic only."""
     out = {}
     for part in PARTITIONS:
         cfg = json.loads((formats.SHIPPED_CONFIG_ROOT / part / "config.json").read_text())
@@ -480,7 +555,10 @@ def real_sources(kind: str = "single_file", qtype: str = "Q8_0") -> dict[str, fo
             else:
                 fp32 = pub.startswith(formats.PUBLISHED_FP32_PREFIXES)
                 tensors[pub] = formats.TensorInfo(pub, shape, "F32" if fp32 else "BF16", (4 if fp32 else 2) * numel)
+        if kind == "pruned-fp8":
+            tensors = real_pruned_fp8(tensors)
         out[part] = formats.TransformerSource("gguf" if kind == "gguf" else "single_file",
                                               pathlib.Path(f"<released {part}>"), tensors,
-                                              formats.SHIPPED_CONFIG_ROOT, part)
+                                              formats.SHIPPED_CONFIG_ROOT, part, variant="fp8_scaled" if
+                                              kind == "pruned-fp8" else "", pruned=kind == "pruned-fp8")
     return out

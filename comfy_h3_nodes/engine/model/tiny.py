@@ -60,6 +60,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from . import formats
 from .compat import ensure_processor_compat
+from .tiny_comfy import write_comfy_fixtures
 
 __all__ = [
     "TINY_REPO_ID",
@@ -314,13 +315,14 @@ def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True, transfor
     """Write the tiny random checkpoint into `out_dir` (created; existing component folders are replaced).
 
     Returns the checkpoint folder as a `Path`. Deterministic: the same `seed` writes byte-identical files.
-    ``formats`` also writes ``single_file/`` and ``gguf/`` (the same transformers in the other formats);
+    ``formats`` also writes ``single_file/``, ``gguf/`` (the same transformers in the other formats) and ``comfy/``
+    (every Comfy-Org layout of the transformers, text encoder and VAEs: :mod:`.tiny_comfy`).
     ``transformer`` overrides the transformers' config (e.g. :data:`PARALLEL_TRANSFORMER`).
     """
     ensure_processor_compat()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in (*COMPONENT_NAMES, "single_file", "gguf"):
+    for name in (*COMPONENT_NAMES, "single_file", "gguf", "comfy"):
         shutil.rmtree(out_dir / name, ignore_errors=True)
 
     with torch.no_grad():
@@ -379,6 +381,9 @@ def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True, transfor
         wide.save_config(str(out_dir / "gguf" / "wide" / "transformer"))
         write_single_file(wide, out_dir / "gguf" / "wide" / "transformer.safetensors")
         write_gguf(wide, out_dir / "gguf" / "wide" / "transformer-Q6_K.gguf", "Q6_K")
+        write_comfy_fixtures(out_dir, {"transformer": transformer, "transformer_ref": transformer_ref,  # comfy/
+                                       "text_encoder": text_encoder, "vae": vae, "audio_vae": audio_vae},
+                             published_state_dict)
     return out_dir
 
 
