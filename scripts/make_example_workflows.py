@@ -2,6 +2,14 @@
 
 The node inputs, outputs and widget order come from the pack's own INPUT_TYPES/RETURN_TYPES, so the files stay in
 step with the nodes: run `python scripts/make_example_workflows.py` after changing a node's inputs.
+
+The layout comes from the boxes the real frontend draws each node type in (scripts/node_sizes.json, written by
+tests/web/measure_node_sizes.py in frontends 1.49.6 and 1.58.1, classic canvas and Vue nodes; re-measure after
+changing a node's widgets or its readout's room): two rows, what A prepares on top (encoders, inputs, the encode),
+machine B and the outputs below (DiT, denoise, decode, save), so the nodes that grow after a run (the denoise's
+preview, the saved video) have nothing under them. Each node is saved at its measured size, and the saved view opens
+every template at a zoom of at least 0.6 with all nodes inside a laptop's first screen, clear of the frontend's
+sidebar, menus and minimap (tests/test_example_workflows_view.py and tests/test_web_frontend.py check it).
 """
 
 from __future__ import annotations
@@ -22,9 +30,16 @@ from comfy_h3_nodes.nodes.loaders import DEFAULT_MODEL_PATH  # noqa: E402
 from comfy_h3_nodes.tools.runner import _mappings, input_specs, is_widget  # noqa: E402
 
 OUT = ROOT / "example_workflows"
-#: The first screen a template must fit in (a laptop's ComfyUI canvas, without the side and top bars), the free border
-#: kept around the nodes on it (screen pixels), and the title bar LiteGraph draws above a node's ``pos``.
-VIEW_W, VIEW_H, VIEW_MARGIN, TITLE_H = 1280, 720, 40, 30
+SIZES = json.loads((ROOT / "scripts" / "node_sizes.json").read_text())
+#: The first screen a template must fit in: a 1280 x 720 browser window, in screen pixels. The frontend (1.49 and
+#: 1.58) draws over the canvas: its tab bar and the Graph menu / Run bar above FREE_TOP, the sidebar left of
+#: FREE_LEFT and the minimap in the corner right of and below MINIMAP (measured in both, classic and Vue nodes).
+VIEW_W, VIEW_H = 1280, 720
+FREE_LEFT, FREE_TOP, MINIMAP = 60, 80, (1020, 460)
+VIEW_MARGIN = 16  # free screen pixels kept between the nodes and whatever the frontend draws
+MIN_ZOOM = 0.6  # LiteGraph draws nodes as empty boxes below this
+TITLE_H = 30  # the title bar LiteGraph draws above a node's ``pos``
+COL_W, GAP_X, GAP_Y = SIZES["width"], 40, 50
 #: where the FastH3 template expects FastVideo's FastH3 checkpoint (a diffusers folder with VSA gates)
 FASTH3_MODEL_PATH = "/models/FastH3"
 PROMPT = ("A red fox trots across a snowy meadow at dawn, breath steaming; soft wind, crunching snow and a distant "
@@ -39,25 +54,52 @@ def node_box(node: dict) -> tuple[float, float, float, float]:
 
 def saved_view(nodes: list[dict]) -> dict:
     """``extra.ds`` that shows every node on the first screen: LiteGraph draws canvas point ``p`` at screen point
-    ``(p + offset) * scale``; the nodes' box gets ``VIEW_MARGIN`` free pixels around it on a ``VIEW_W x VIEW_H``
-    canvas, is centred across and starts at the top (the frontend may grow a node downwards to fit its widgets)."""
+    ``(p + offset) * scale``. The nodes' box starts ``VIEW_MARGIN`` inside the free area's top-left corner, at the
+    largest zoom that keeps it inside the screen and every node clear of the minimap's corner."""
     boxes = [node_box(n) for n in nodes]
     x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
     x1, y1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
-    fit = min(1.0, (VIEW_W - 2 * VIEW_MARGIN) / (x1 - x0), (VIEW_H - 2 * VIEW_MARGIN) / (y1 - y0))
+    left, top = FREE_LEFT + VIEW_MARGIN, FREE_TOP + VIEW_MARGIN
+    fit = min(1.0, (VIEW_W - VIEW_MARGIN - left) / (x1 - x0), (VIEW_H - VIEW_MARGIN - top) / (y1 - y0))
     scale = int(fit * 1000) / 1000  # rounded down: still fits
-    offset_x = (VIEW_W / scale - (x1 - x0)) / 2 - x0
-    offset_y = VIEW_MARGIN / scale - y0
-    return {"scale": scale, "offset": [round(offset_x, 1), round(offset_y, 1)]}
+    corner = (MINIMAP[0] - VIEW_MARGIN, MINIMAP[1] - VIEW_MARGIN)
+    while scale >= MIN_ZOOM:
+        on_screen = [(left + (b[0] - x0) * scale, top + (b[1] - y0) * scale,
+                      left + (b[2] - x0) * scale, top + (b[3] - y0) * scale) for b in boxes]
+        if not any(r > corner[0] and btm > corner[1] for _, _, r, btm in on_screen):
+            return {"scale": scale, "offset": [round(left / scale - x0, 1), round(top / scale - y0, 1)]}
+        scale = round(scale - 0.001, 3)
+    raise SystemExit(f"the layout does not fit the first screen at zoom {MIN_ZOOM}: make it smaller")
 
 
-def build(name: str, nodes: list[tuple]) -> dict:
-    """nodes: (id, type, pos, widget values, {input: (src id, src slot)})."""
+def size_of(typ: str) -> list[float]:
+    """A node's saved size: the largest box the frontends draw it in, without the title bar."""
+    w, h = SIZES["largest"].get(typ, (COL_W, 120 + TITLE_H))
+    return [max(COL_W, float(w)), float(h) - TITLE_H]
+
+
+def layout(nodes: list[tuple], rows: list[list[int]]) -> dict[int, list[float]]:
+    """Positions (``pos``, below the title bar) of node ids placed in rows of columns ``COL_W + GAP_X`` apart; each
+    row starts ``GAP_Y`` below the tallest box of the row above."""
+    types = {n[0]: n[1] for n in nodes}
+    placed = [i for row in rows for i in row]
+    assert sorted(placed) == sorted(types), (sorted(placed), sorted(types))
+    pos, top = {}, 0.0
+    for row in rows:
+        for col, nid in enumerate(row):
+            pos[nid] = [col * (COL_W + GAP_X), top + TITLE_H]
+        top += max(size_of(types[nid])[1] + TITLE_H for nid in row) + GAP_Y
+    return pos
+
+
+def build(name: str, nodes: list[tuple], rows: list[list[int]]) -> dict:
+    """nodes: (id, type, widget values, {input: (src id, src slot)}); rows: the node ids of each row, left to right."""
     mappings = _mappings()
+    where = layout(nodes, rows)
     links, link_id = [], 0
     out_links: dict[tuple, list] = {}
     node_objs = []
-    for nid, typ, pos, widgets, conns in nodes:
+    for nid, typ, widgets, conns in nodes:
         cls = mappings[typ]
         inputs = []
         for iname, (ityp, opts, section) in input_specs(cls).items():
@@ -76,7 +118,7 @@ def build(name: str, nodes: list[tuple]) -> dict:
                 pass
             if iname in conns or is_widget(ityp) or section == "required":
                 inputs.append(entry)
-        node_objs.append({"id": nid, "type": typ, "pos": list(pos), "size": [340, 120], "flags": {}, "order": 0,
+        node_objs.append({"id": nid, "type": typ, "pos": where[nid], "size": size_of(typ), "flags": {}, "order": 0,
                           "mode": 0, "inputs": inputs, "outputs": [],
                           "properties": {"Node name for S&R": typ, "cnr_id": "comfy-h3"},
                           "widgets_values": widgets})
@@ -86,7 +128,7 @@ def build(name: str, nodes: list[tuple]) -> dict:
         obj["outputs"] = [{"name": n, "localized_name": n, "type": t, "slot_index": i,
                            "links": out_links.get((obj["id"], i), [])}
                           for i, (n, t) in enumerate(zip(names, cls.RETURN_TYPES))]
-    for order, obj in enumerate(sorted(node_objs, key=lambda o: o["pos"][0])):
+    for order, obj in enumerate(sorted(node_objs, key=lambda o: (o["pos"][1], o["pos"][0]))):
         obj["order"] = order
     return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfy-h3/{name}")), "revision": 0,
             "last_node_id": max(n[0] for n in nodes), "last_link_id": link_id, "nodes": node_objs, "links": links,
@@ -97,15 +139,20 @@ def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0
            denoise_conns: dict | None = None, model: str = DEFAULT_MODEL_PATH) -> list[tuple]:
     return [
         # the part pickers take their parts from model_path (a template may name Comfy-Org's files there instead)
-        (1, "H3LoadEncoders", (0, 0), [model, "bfloat16", "sdpa", *[FROM_MODEL] * 3], {}),
-        (2, "H3RemoteDiT", (0, 300),
+        (1, "H3LoadEncoders", [model, "bfloat16", "sdpa", *[FROM_MODEL] * 3], {}),
+        (2, "H3RemoteDiT",
          ["local", "h3_dit", "comfy_h3", model, partition, "bfloat16", "sdpa", "auto", "off"], {}),
-        (3, "H3TextEncode", (400, 0), [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),
-        (5, "H3RemoteDenoise", (800, 0), [42, "fixed", steps, 2],
+        (3, "H3TextEncode", [PROMPT, width, height, 124], {"encoders": (1, 0), **extra_conns}),
+        (5, "H3RemoteDenoise", [42, "fixed", steps, 2],
          {"dit": dit, "conditioning": (3, 0), **(denoise_conns or {})}),
-        (6, "H3Decode", (1200, 0), ["auto"], {"encoders": (1, 0), "latents": (5, 0)}),
-        (7, "H3SaveVideo", (1600, 0), [24, "h3/video"], {"images": (6, 0), "audio": (6, 1), "fps": (6, 2)}),
+        (6, "H3Decode", ["auto"], {"encoders": (1, 0), "latents": (5, 0)}),
+        (7, "H3SaveVideo", [24, "h3/video"], {"images": (6, 0), "audio": (6, 1), "fps": (6, 2)}),
     ]
+
+
+#: Below: machine B and the outputs, the same in every template (DiT, denoise, decode, save: the denoise's preview
+#: and the saved video grow these nodes after a run, and nothing is under them).
+B_ROW = [2, 5, 6, 7]
 
 
 BATCH_PROMPTS = (
@@ -141,29 +188,29 @@ def write_media() -> None:
 
 def main() -> None:
     write_media()
-    flows = {
-        "h3_t2va": common("transformer", 832, 480, {}),
+    flows = {  # name: (nodes, the top row: what A prepares, inputs left of what reads them)
+        "h3_t2va": (common("transformer", 832, 480, {}), [1, 3]),
         # FastH3 v1: 5 sigma points (4 forwards), the schedule its checkpoint was trained for; B runs VSA-H3
-        "h3_fasth3_t2va": common("transformer", 832, 480, {}, steps=5, model=FASTH3_MODEL_PATH),
-        "h3_t2va_turbo": common("transformer", 832, 480, {}, dit=(11, 0), steps=4) + [
-            (11, "H3LoRA", (400, 300), ["/models/loras/h3_turbo_4step.safetensors", 1.0], {"dit": (2, 0)}),
-        ],
-        "h3_fl2va": common("transformer", 832, 480, {"keyframes": (4, 0)}) + [
-            (8, "LoadImage", (-400, 500), ["h3_first.png", "image"], {}),
-            (9, "LoadImage", (-400, 800), ["h3_last.png", "image"], {}),
-            (4, "H3Keyframes", (0, 600), [], {"first_image": (8, 0), "last_image": (9, 0)}),
-        ],
-        "h3_t2va_batch": common("transformer", 832, 480, {"prompt": (12, 0)}, denoise_conns={"seed": (12, 1)}) + [
-            (12, "H3PromptList", (0, 600), ["\n".join(BATCH_PROMPTS), 42, "fixed", "increment"], {}),
-        ],
-        "h3_ref2va": common("transformer_ref", 832, 480, {"references": (4, 0)}) + [
-            (8, "LoadImage", (-400, 500), ["h3_reference.png", "image"], {}),
-            (10, "LoadAudio", (-400, 800), ["h3_voice_32k.wav"], {}),
-            (4, "H3References", (0, 600), [], {"images": (8, 0), "audio": (10, 0)}),
-        ],
+        "h3_fasth3_t2va": (common("transformer", 832, 480, {}, steps=5, model=FASTH3_MODEL_PATH), [1, 3]),
+        "h3_t2va_turbo": (common("transformer", 832, 480, {}, dit=(11, 0), steps=4) + [
+            (11, "H3LoRA", ["/models/loras/h3_turbo_4step.safetensors", 1.0], {"dit": (2, 0)}),
+        ], [1, 3, 11]),
+        "h3_fl2va": (common("transformer", 832, 480, {"keyframes": (4, 0)}) + [
+            (8, "LoadImage", ["h3_first.png", "image"], {}),
+            (9, "LoadImage", ["h3_last.png", "image"], {}),
+            (4, "H3Keyframes", [], {"first_image": (8, 0), "last_image": (9, 0)}),
+        ], [1, 8, 9, 4, 3]),
+        "h3_t2va_batch": (common("transformer", 832, 480, {"prompt": (12, 0)}, denoise_conns={"seed": (12, 1)}) + [
+            (12, "H3PromptList", ["\n".join(BATCH_PROMPTS), 42, "fixed", "increment"], {}),
+        ], [1, 12, 3]),
+        "h3_ref2va": (common("transformer_ref", 832, 480, {"references": (4, 0)}) + [
+            (8, "LoadImage", ["h3_reference.png", "image"], {}),
+            (10, "LoadAudio", ["h3_voice_32k.wav"], {}),
+            (4, "H3References", [], {"images": (8, 0), "audio": (10, 0)}),
+        ], [1, 8, 10, 4, 3]),
     }
-    for name, nodes in flows.items():
-        (OUT / f"{name}.json").write_text(json.dumps(build(name, nodes), indent=1) + "\n")
+    for name, (nodes, top) in flows.items():
+        (OUT / f"{name}.json").write_text(json.dumps(build(name, nodes, [top, B_ROW]), indent=1) + "\n")
         print("wrote", OUT / f"{name}.json")
 
 

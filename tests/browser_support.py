@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pathlib
+import subprocess
+import sys
 import threading
 
 CHROMIUM = os.environ.get("H3_CHROMIUM", "/usr/bin/chromium")
@@ -69,3 +72,156 @@ class ThreadedServer:
     @property
     def url(self):
         return f"http://127.0.0.1:{self.port}/"
+
+
+# ---------------------------------------------------------------------------------------------------- frontends
+
+#: The frontend versions the web extension is checked with: the one ComfyUI 0.33 pins (the ``[test]`` extra installs
+#: it) and the newest on PyPI when the issue was fixed. A version that is not installed is installed with
+#: ``pip install --target`` into ``H3_FRONTEND_CACHE`` (default ``~/.cache/comfy-h3/frontends``) on first use.
+FRONTEND_VERSIONS = ("1.49.6", "1.58.1")
+FRONTEND_CACHE = pathlib.Path(os.environ.get("H3_FRONTEND_CACHE") or pathlib.Path.home() / ".cache" / "comfy-h3" / "frontends")
+
+
+def frontend_static(version: str, install: bool | None = None) -> pathlib.Path | str:
+    """The static folder of ``comfyui-frontend-package==version``, or a sentence saying why there is none.
+
+    Looks at the installed package, then at ``FRONTEND_CACHE/<version>`` (a ``pip install --target`` folder); with
+    ``install`` (default: unless ``H3_FRONTEND_INSTALL=0``) it installs the version there with this Python's pip."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version as installed_version
+
+        try:
+            if installed_version("comfyui-frontend-package") == version:
+                import comfyui_frontend_package
+
+                static = pathlib.Path(comfyui_frontend_package.__file__).resolve().parent / "static"
+                if (static / "index.html").is_file():
+                    return static
+        except PackageNotFoundError:
+            pass
+    except ImportError:  # pragma: no cover - Python < 3.8
+        pass
+    target = FRONTEND_CACHE / version
+    static = target / "comfyui_frontend_package" / "static"
+    if (static / "index.html").is_file():
+        return static
+    if install is None:
+        install = os.environ.get("H3_FRONTEND_INSTALL", "1") != "0"
+    if not install:
+        return (f"comfyui-frontend-package=={version} (not installed and not in {target}; run `python -m pip install "
+                f"--no-deps --target {target} comfyui-frontend-package=={version}`)")
+    target.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+           f"comfyui-frontend-package=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 or not (static / "index.html").is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return (f"comfyui-frontend-package=={version} (`{' '.join(cmd)}` failed: {tail[0]}; install it there by hand "
+                f"or set H3_FRONTEND_CACHE to a folder holding <version>/comfyui_frontend_package)")
+    return static
+
+
+# ---------------------------------------------------------------------------------------------------- the first screen
+
+#: What a template must fit when it opens: a laptop's browser window, every node at a zoom the canvas still draws
+#: with titles and widgets (LiteGraph draws nodes as plain boxes below 0.6), none under the frontend's own bars,
+#: menus and minimap.
+FIRST_SCREEN = (1280, 720)
+MIN_ZOOM = 0.6
+MASK_STEP = 10  # px between two sampled points of the free-area mask
+
+#: JS: the screen points where the graph canvas itself is on top (``.``) or something of the frontend is (``#``),
+#: sampled every ``step`` px; run it on an empty graph (``app.graph.clear()``).
+JS_FREE_MASK = """(step) => {
+  const c = window.app.canvas.canvas;
+  const rows = [];
+  for (let y = step / 2; y < innerHeight; y += step) {
+    let row = '';
+    for (let x = step / 2; x < innerWidth; x += step) {
+      const e = document.elementFromPoint(x, y);
+      row += e === c ? '.' : '#';
+    }
+    rows.push(row);
+  }
+  return rows;
+}"""
+
+#: JS: every node's box on screen ``{id, type, box: [left, top, right, bottom], zoom, vue}`` with its title bar: the
+#: DOM element of a Vue node, else LiteGraph's bounding box through the canvas transform.
+JS_NODE_BOXES = """() => {
+  const c = window.app.canvas;
+  const ds = c.ds;
+  const rect = c.canvas.getBoundingClientRect();
+  const title = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+  return window.app.graph.nodes.map((n) => {
+    const el = document.querySelector(`[data-node-id="${n.id}"]`);
+    let box;
+    if (el && el.getBoundingClientRect().width > 0) {
+      const r = el.getBoundingClientRect();
+      box = [r.left, r.top, r.right, r.bottom];
+    } else {
+      const sx = (x) => (x + ds.offset[0]) * ds.scale + rect.left;
+      const sy = (y) => (y + ds.offset[1]) * ds.scale + rect.top;
+      const collapsed = n.flags?.collapsed;
+      box = [sx(n.pos[0]), sy(n.pos[1] - title), sx(n.pos[0] + n.size[0]), sy(n.pos[1] + (collapsed ? 0 : n.size[1]))];
+    }
+    return { id: String(n.id), type: n.type, box, zoom: ds.scale, vue: !!el, size: [n.size[0], n.size[1]] };
+  });
+}"""
+
+
+def overlaps(boxes: list[dict], slack: float = 1.0) -> list[str]:
+    """Pairs of node boxes that overlap by more than ``slack`` px each way, in words."""
+    out = []
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            (l1, t1, r1, b1), (l2, t2, r2, b2) = a["box"], b["box"]
+            if min(r1, r2) - max(l1, l2) > slack and min(b1, b2) - max(t1, t2) > slack:
+                out.append(f"{a['type']} {a['id']} {fmt_box(a['box'])} overlaps {b['type']} {b['id']} {fmt_box(b['box'])}")
+    return out
+
+
+def covered(boxes: list[dict], mask: list[str], step: int = MASK_STEP) -> list[str]:
+    """Nodes with a sampled point of their box where the frontend draws something over the canvas (or off screen)."""
+    out = []
+    rows, cols = len(mask), len(mask[0]) if mask else 0
+    for b in boxes:
+        left, top, right, bottom = b["box"]
+        bad = []
+        for i in range(rows):
+            y = step / 2 + i * step
+            if not top <= y <= bottom:
+                continue
+            for j in range(cols):
+                x = step / 2 + j * step
+                if left <= x <= right and mask[i][j] != ".":
+                    bad.append((x, y))
+        if left < 0 or top < 0 or right > cols * step or bottom > rows * step:
+            bad.append(("off screen",))
+        if bad:
+            out.append(f"{b['type']} {b['id']} {fmt_box(b['box'])}: {len(bad)} points under the frontend's bars or off "
+                       f"screen (first {bad[0]})")
+    return out
+
+
+def fmt_box(box) -> str:
+    return "[" + ", ".join(f"{v:.0f}" for v in box) + "]"
+
+
+#: JS: resolves once nothing under ``selector`` changed for ``quiet`` ms (at most ``limit`` ms): the panel redraws
+#: a debounced moment after each event and after the routes it reads answer.
+JS_WAIT_QUIET = """([selector, quiet, limit]) => new Promise((resolve) => {
+  const root = document.querySelector(selector);
+  if (!root) return resolve(false);
+  let last = performance.now();
+  const obs = new MutationObserver(() => { last = performance.now(); });
+  obs.observe(root, { subtree: true, childList: true, attributes: true, characterData: true });
+  const t0 = performance.now();
+  const tick = () => {
+    const now = performance.now();
+    if (now - last >= quiet || now - t0 >= limit) { obs.disconnect(); resolve(now - last >= quiet); }
+    else setTimeout(tick, 50);
+  };
+  tick();
+})"""

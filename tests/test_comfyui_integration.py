@@ -17,8 +17,12 @@ goal is each template to an MP4 in <= 120 s on a 2-core CPU machine: every templ
 asserted only with ``H3_TEMPLATE_MAX_S=<seconds per video>`` (on a shared machine the time depends on the other work). A
 ``diffusers`` model folder holding a link to a tiny checkpoint is given to ComfyUI, so both pickers list a found
 model besides ``tiny-random``. The browser tests (Debian's ``chromium`` + PyPI's ``playwright``; missing either fails
-unless ``H3_SKIP_BROWSER=1``) open ComfyUI's own page, load a template, set the pickers and queue it like a user,
-once with the classic canvas and once with Vue nodes, and check the H3 panel's row for that run.
+unless ``H3_SKIP_BROWSER=1``) open ComfyUI's own page with each frontend of ``browser_support.FRONTEND_VERSIONS``
+(the installed one, and the others through a second ComfyUI started with ``--front-end-root``, installed into
+``H3_FRONTEND_CACHE`` on first use), in the classic canvas and with Vue nodes: every template opened as a file on a
+laptop's first screen (zoom, nothing under the frontend's bars, no overlaps), the turbo template queued like a user
+(no overlaps after the run, every readout complete, the H3 panel's row named, its totals adding up), and the batch
+template in two of them. Screenshots go to ``H3_SCREENSHOTS`` (default: <tmp>/comfy-h3-screenshots).
 
 ``H3_COMFYUI_TRACE_OUT=<file>`` also writes the websocket messages of the successful run there (that is how
 ``tests/web/fixtures/comfyui_ws_h3_trace.jsonl`` was recorded).
@@ -32,6 +36,7 @@ modules (see ``test_comfy_org_files_match_comfyuis_own_modules`` for the toleran
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import io
 import json
@@ -43,12 +48,16 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
 import pytest
 
-from browser_support import CHROMIUM, CHROMIUM_ARGS, missing_browser_parts
+from browser_support import (
+    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_FREE_MASK, JS_NODE_BOXES, JS_WAIT_QUIET, MASK_STEP,
+    MIN_ZOOM, covered, frontend_static, missing_browser_parts, overlaps,
+)
 from comfy_h3_nodes.engine.model.tiny_comfy import fixture
 
 pytestmark = pytest.mark.skipif(not os.environ.get("COMFYUI_DIR"), reason="COMFYUI_DIR is not set")
@@ -73,7 +82,9 @@ TEMPLATE_GOAL_S = 120.0  # the issue's goal per template on this 2-core machine
 TEMPLATE_MAX_S = float(os.environ["H3_TEMPLATE_MAX_S"]) if os.environ.get("H3_TEMPLATE_MAX_S") else None
 FOUND_MODEL = "tiny-h3-found"  # the checkpoint linked into the test's diffusers model folder
 WALL_S: dict[str, float] = {}  # template -> seconds from POST /prompt to execution_success
-TAB_BUTTON = ".comfy-h3-timeline-tab-button"
+# the H3 tab's button: 1.49 names it by the tab's id, 1.58 by a test id and the tooltip
+TAB_BUTTON = ('.comfy-h3-timeline-tab-button, [data-testid="comfy-h3-timeline-tab-button"], '
+              '.side-bar-button[aria-label^="H3 timings"]')
 VUE_SETTING = "Comfy.VueNodes.Enabled"
 BROWSER_TEMPLATE = "h3_t2va_turbo"  # 4 steps: the browser runs cost little besides the decode
 #: tiny fixtures under the names Comfy-Org's files have, in ComfyUI's model folders (relative to models/)
@@ -155,8 +166,10 @@ class ComfyUI:
                     pass
 
 
-@pytest.fixture(scope="module")
-def comfyui(tmp_path_factory, tiny_ckpt):
+@contextlib.contextmanager
+def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path | None = None):
+    """A ComfyUI with this pack (and, with ``front_end_root``, another frontend version's files: ``--front-end-root``)
+    in its own folders under pytest's tmp folder; stopped with everything it started when the block ends."""
     comfy_dir = pathlib.Path(os.environ["COMFYUI_DIR"]).resolve()
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
     assert (comfy_dir / "main.py").is_file(), f"COMFYUI_DIR={comfy_dir} holds no main.py"
@@ -188,6 +201,8 @@ def comfyui(tmp_path_factory, tiny_ckpt):
            "--output-directory", str(dirs["output"]), "--input-directory", str(dirs["input"]),
            "--temp-directory", str(dirs["temp"]), "--user-directory", str(dirs["user"]),
            "--database-url", f"sqlite:///{root / 'comfyui.db'}"]
+    if front_end_root is not None:
+        cmd += ["--front-end-root", str(front_end_root)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS", "VIRTUAL_ENV")}
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0",
                H3_CACHE=str(root / "h3_cache"))  # tiny-random is built on first use, as on a new machine
@@ -203,6 +218,12 @@ def comfyui(tmp_path_factory, tiny_ckpt):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def comfyui(tmp_path_factory, tiny_ckpt):
+    with _started_comfyui(tmp_path_factory, tiny_ckpt) as server:
+        yield server
 
 
 def _wait_ready(server: ComfyUI) -> None:
@@ -878,6 +899,132 @@ def browser():
             b.close()
 
 
+def _installed_frontend() -> str | None:
+    """The frontend version ComfyUI serves by default (the package in COMFYUI_PYTHON's environment)."""
+    python = os.environ.get("COMFYUI_PYTHON") or sys.executable
+    proc = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('comfyui-frontend-package'))"],
+                          capture_output=True, text=True, timeout=60)
+    return proc.stdout.strip() or None
+
+
+@pytest.fixture(scope="module")
+def comfyui_frontends(comfyui, tmp_path_factory, tiny_ckpt):
+    """``version -> ComfyUI`` serving that frontend: the module's server for the installed one, another ComfyUI
+    started with ``--front-end-root`` for each other version (started on first use, stopped with the module)."""
+    servers = {_installed_frontend(): comfyui}
+    with contextlib.ExitStack() as stack:
+        def get(version: str) -> ComfyUI:
+            if version not in servers:
+                static = frontend_static(version)
+                if isinstance(static, str):
+                    pytest.fail(f"frontend {version} for ComfyUI's --front-end-root: {static}", pytrace=False)
+                servers[version] = stack.enter_context(_started_comfyui(tmp_path_factory, tiny_ckpt, static))
+            return servers[version]
+        yield get
+
+
+SHOTS = pathlib.Path(os.environ.get("H3_SCREENSHOTS") or pathlib.Path(tempfile.gettempdir()) / "comfy-h3-screenshots")
+OPEN_AS_FILE = """async ([wf, name]) => {
+    // what dropping the file on the canvas or File > Open does: the frontend reads it and applies its saved view
+    const file = new File([JSON.stringify(wf)], name, { type: 'application/json' });
+    await window.app.handleFile(file);
+}"""
+
+
+class ComfyPage:
+    """ComfyUI's own page in a browser context, with the UI mode set and the page errors kept."""
+
+    def __init__(self, server: ComfyUI, browser, *, vue: bool, version: str, viewport=(1500, 960)):
+        self.server, self.vue, self.version = server, vue, version
+        settings = _http_json(server, "GET", "/api/settings")
+        if "Comfy.TutorialCompleted" not in settings:  # a new user's first page shows the templates dialog over all
+            _http_json(server, "POST", "/api/settings/Comfy.TutorialCompleted", True)
+        _http_json(server, "POST", f"/api/settings/{VUE_SETTING}", vue)
+        self.context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(30000)
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.goto(server.base + "/")
+        self.page.wait_for_selector(TAB_BUTTON, timeout=90000)
+        self.page.wait_for_function("() => !!window.app?.graph && !!window.app.extensionManager?.setting")
+        assert self.page.evaluate(f"() => window.app.extensionManager.setting.get('{VUE_SETTING}')") is vue
+        got = self.page.evaluate("() => window.__COMFYUI_FRONTEND_VERSION__")
+        assert got == version, f"ComfyUI serves frontend {got}, the test asked for {version}"
+
+    @property
+    def mode(self) -> str:
+        return "vue" if self.vue else "litegraph"
+
+    def open_file(self, name: str, wf: dict):
+        self.page.evaluate(OPEN_AS_FILE, [wf, f"{name}.json"])
+        n = len(wf["nodes"])
+        self.page.wait_for_function("(n) => window.app.graph.nodes.length === n", arg=n)
+        if self.vue:
+            self.page.wait_for_function("(n) => document.querySelectorAll('[data-node-id]').length >= n", arg=n)
+        self.settle()
+
+    def settle(self, ms: int = 500):
+        self.page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        self.page.wait_for_timeout(ms)
+
+    def free_mask(self) -> list[str]:
+        self.page.evaluate("() => { window.app.graph.clear(); window.app.canvas.setDirty(true, true); }")
+        self.settle(800)
+        return self.page.evaluate(JS_FREE_MASK, MASK_STEP)
+
+    def boxes(self) -> list[dict]:
+        return self.page.evaluate(JS_NODE_BOXES)
+
+    def readouts(self) -> dict[str, dict]:
+        return {r["id"]: r for r in self.page.evaluate("""() => window.app.graph.nodes.flatMap((n) => {
+            const el = n.widgets?.find((w) => w.name === 'h3_timing')?.element;
+            return el ? [{id: String(n.id), type: n.type, text: el.innerText, connected: el.isConnected,
+                          client: el.clientHeight, scroll: el.scrollHeight, cw: el.clientWidth, sw: el.scrollWidth}] : [];
+        })""")}
+
+    def shot(self, name: str) -> pathlib.Path:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        path = SHOTS / f"comfyui_{self.version}_{self.mode}_{name}.png"
+        self.page.screenshot(path=str(path))
+        return path
+
+    def assert_clean(self):
+        ours = [e for e in self.errors if "comfy-h3" in e or "h3_" in e]
+        assert not ours, ours
+
+    def close(self):
+        self.context.close()
+
+
+FRONTENDS = pytest.mark.parametrize("version", FRONTEND_VERSIONS)
+MODES = pytest.mark.parametrize("vue", [False, True], ids=["litegraph", "vue-nodes"])
+
+
+@FRONTENDS
+@MODES
+def test_every_template_opens_readable_on_the_first_screen(comfyui_frontends, browser, version, vue):
+    """Each template opened as a file in ComfyUI's page on a laptop's first screen (1280 x 720): its saved view
+    draws titles and widgets (zoom >= 0.6), no node under the sidebar, the Graph menu, the Run bar or the minimap,
+    no node over another. A screenshot of each goes to H3_SCREENSHOTS."""
+    page = ComfyPage(comfyui_frontends(version), browser, vue=vue, version=version, viewport=FIRST_SCREEN)
+    try:
+        mask = page.free_mask()
+        problems = []
+        for name in TEMPLATES:
+            page.open_file(name, _template(name)[1])
+            zoom = page.page.evaluate("() => window.app.canvas.ds.scale")
+            if zoom < MIN_ZOOM:
+                problems.append(f"{name}: opens at zoom {zoom:.3f}")
+            boxes = page.boxes()
+            problems += [f"{name}: {x}" for x in overlaps(boxes) + covered(boxes, mask)]
+            page.shot(f"{name}_open")
+        assert not problems, "\n".join(problems)
+        page.assert_clean()
+    finally:
+        page.close()
+
+
 QUEUE_LIKE_A_USER = """async ([picks]) => {
     const { api } = await import('/scripts/api.js');
     const run = window.__h3run = { start: null, end: null, error: null, timings: [] };
@@ -901,72 +1048,158 @@ QUEUE_LIKE_A_USER = """async ([picks]) => {
 }"""
 
 
-@pytest.mark.parametrize("vue", [False, True], ids=["litegraph", "vue-nodes"])
-def test_panel_shows_the_run_queued_from_the_page(comfyui, browser, vue):
-    """ComfyUI's own page: load a template, set the pickers to tiny-random, queue it, open the H3 tab; the panel has
-    the run's request row with every stage /h3/timings holds for it, the nodes their readouts, and H3RemoteDiT's
-    picker the models B reported. Once with the classic canvas, once with Vue nodes (the setting is restored)."""
-    settings = _http_json(comfyui, "GET", "/api/settings")
-    if "Comfy.TutorialCompleted" not in settings:  # a new user's first page shows the templates dialog over all
-        _http_json(comfyui, "POST", "/api/settings/Comfy.TutorialCompleted", True)
-    _http_json(comfyui, "POST", f"/api/settings/{VUE_SETTING}", vue)
-    context = browser.new_context(viewport={"width": 1500, "height": 960})
-    page = context.new_page()
-    page.set_default_timeout(30000)
-    page_errors: list[str] = []
-    page.on("pageerror", lambda e: page_errors.append(str(e)))
-    try:
-        page.goto(comfyui.base + "/")
-        page.wait_for_selector(TAB_BUTTON, timeout=90000)
-        page.wait_for_function("() => !!window.app?.graph && !!window.app.extensionManager?.setting")
-        assert page.evaluate(f"() => window.app.extensionManager.setting.get('{VUE_SETTING}')") is vue
-        _, ui = _template(BROWSER_TEMPLATE)
-        page.evaluate("(wf) => window.app.loadGraphData(wf)", ui)
-        page.wait_for_function("() => window.app.graph.nodes.some((n) => n.type === 'H3RemoteDenoise')")
-        den_id = page.evaluate("() => String(window.app.graph.nodes.find((n) => n.type === 'H3RemoteDenoise').id)")
-        if vue:
-            page.locator(f'[data-node-id="{den_id}"] .h3-readout').wait_for(state="attached")
+def _queue_and_wait(page: ComfyPage, picks=PICKERS) -> dict:
+    page.page.evaluate(QUEUE_LIKE_A_USER, [picks])
+    page.page.wait_for_function("() => window.__h3run.end !== null", timeout=PROMPT_TIMEOUT * 1000)
+    run = page.page.evaluate("() => window.__h3run")
+    assert run["end"] == "execution_success", f"{run['end']}: {run['error']}\n{page.server.log_tail()}"
+    page.settle(1500)  # the kept preview and the saved video load into their nodes
+    return run
 
-        page.evaluate(QUEUE_LIKE_A_USER, [PICKERS])
-        page.wait_for_function("() => window.__h3run.end !== null", timeout=PROMPT_TIMEOUT * 1000)
-        run = page.evaluate("() => window.__h3run")
-        assert run["end"] == "execution_success", f"{run['end']}: {run['error']}\n{comfyui.log_tail()}"
+
+def _check_readouts_complete(page: ComfyPage, run: dict) -> dict[str, dict]:
+    """Every H3 node of the run shows its figures, wrapped and complete, with what it is about (by node type)."""
+    readouts = page.readouts()
+    final = {str(t["node"]): t for t in run["timings"]}
+    for nid, t in final.items():
+        r = readouts[nid]
+        assert r["connected"] and r["scroll"] <= r["client"] + 1 and r["sw"] <= r["cw"] + 1, (t["node_type"], r)
+        flat = r["text"].replace("\n", " ")
+        s = t["summary"]
+        if t["node_type"] == "H3RemoteDiT":
+            for part in s["status"].split(" · "):
+                assert part in flat, (part, flat)
+        elif t["node_type"] == "H3LoRA":
+            assert flat.startswith("B lora") and s["resolved"] in r["text"].replace("\n", ""), flat
+        elif t["node_type"] == "H3RemoteDenoise":
+            assert s["schedule"] in flat and "step " not in flat, flat
+            p = s.get("preview") or {}
+            assert (f"previews: {p['count']} × " in flat) if p.get("count") else p.get("note", "") in flat, flat
+        elif t["node_type"] == "H3Decode":
+            b = [rec for rec in t["stages"] if rec["machine"] == "B"]
+            assert ("B decoded" in flat) == bool(b), flat
+        elif t["node_type"] == "H3PromptList":
+            assert f"{s['prompts']} prompts" in flat, flat
+    return readouts
+
+
+def _check_panel(page: ComfyPage, rids: list[str], name: str):
+    """The H3 tab after the run: the legend, each row named after the workflow, its parts adding up to its total,
+    every label inside its chart, and pointing at the denoise bar shows its figures without moving anything."""
+    page.page.click(TAB_BUTTON)
+    panel = page.page.locator(".h3-panel")
+    panel.wait_for()
+    legend = panel.locator(".h3-legend").inner_text()
+    for words in ("encode", "denoise", "transfer", "idle", "running"):
+        assert words in legend, legend
+    for rid in rids:
+        row = panel.locator(f'.h3-request[data-request-id="{rid}"]')
+        row.wait_for()
+        page.page.wait_for_function(f"() => document.querySelector('.h3-request[data-request-id=\"{rid}\"]')"
+                                    "?.dataset.state === 'done'")
+        head = row.locator(".h3-req-head").inner_text()
+        assert f"{name}.json" in head, head
+        total, parts = page.page.evaluate("""(rid) => {
+            const s = document.querySelector(`.h3-request[data-request-id="${rid}"] .h3-req-sum`);
+            const p = Object.entries(s.dataset).filter(([k]) => k.startsWith('part_')).map(([, v]) => Number(v));
+            return [Number(s.dataset.totalS), p.reduce((a, b) => a + b, 0)];
+        }""", rid)
+        assert abs(total - parts) <= 1e-6 * max(1.0, total), (rid, total, parts)
+    clipped = page.page.evaluate("""() => [...document.querySelectorAll('.h3-panel svg.h3-wf:not(.h3-swatch)')]
+        .flatMap((svg) => { const w = Number(svg.getAttribute('width'));
+            return [...svg.querySelectorAll('text')].filter((t) => { const b = t.getBBox();
+                return b.x < -0.5 || b.x + b.width > w + 0.5; }).map((t) => t.textContent); })""")
+    assert not clipped, clipped
+    # the panel redraws once more when /history and /h3/timings answer: point at a bar of the settled panel
+    assert page.page.evaluate(JS_WAIT_QUIET, [".h3-panel .h3-requests", 800, 15000]), "the panel keeps redrawing"
+    row = panel.locator(f'.h3-request[data-request-id="{rids[0]}"]')
+    row.scroll_into_view_if_needed()
+    before = row.bounding_box()
+    bar = row.locator('.h3-bar[data-stage="denoise"] .h3-bar-rect').bounding_box()
+    for k in range(8):
+        page.page.mouse.move(bar["x"] + bar["width"] * (k % 4 + 0.5) / 4, bar["y"] + bar["height"] / 2)
+    page.settle(300)
+    assert "denoise on B" in panel.locator(".h3-details").inner_text()
+    assert row.bounding_box() == before, "pointing at a bar moved the rows"
+    page.shot("panel")
+
+
+@FRONTENDS
+@MODES
+def test_panel_shows_the_run_queued_from_the_page(comfyui_frontends, browser, version, vue):
+    """ComfyUI's own page: open the turbo template as a file, set the pickers to tiny-random, queue it; after the run
+    no node overlaps another (the readouts were reserved, the growing nodes have room), every readout is complete;
+    the H3 tab's row for the run holds every stage /h3/timings has, named after the file, totals adding up, labels
+    inside the chart; H3RemoteDiT's picker lists the models B reported. Both UI modes, both frontends."""
+    server = comfyui_frontends(version)
+    page = ComfyPage(server, browser, vue=vue, version=version)
+    try:
+        page.open_file(BROWSER_TEMPLATE, _template(BROWSER_TEMPLATE)[1])
+        den_id = page.page.evaluate("() => String(window.app.graph.nodes.find((n) => n.type === 'H3RemoteDenoise').id)")
+        if vue:
+            page.page.locator(f'[data-node-id="{den_id}"] .h3-readout').wait_for(state="attached")
+        run = _queue_and_wait(page)
         den = next(t for t in run["timings"] if t["node_type"] == "H3RemoteDenoise")
         rid = den["request_id"]
-        records = _http_json(comfyui, "GET", f"/api/h3/timings?request_id={rid}")["records"]
+        records = _http_json(server, "GET", f"/api/h3/timings?request_id={rid}")["records"]
         assert {"a_to_b", "denoise", "b_to_a", "decode"} <= {r["stage"] for r in records}, records
 
-        # ---- the H3 tab, opened like a user after the run
-        page.click(TAB_BUTTON)
-        row = page.locator(f'.h3-panel .h3-request[data-request-id="{rid}"]')
-        row.wait_for()
-        page.wait_for_function(f"() => document.querySelector('.h3-request[data-request-id=\"{rid}\"]')"
-                               "?.dataset.state === 'done'")
-        bars = row.locator(".h3-bar")
-        assert bars.count() == len(records), (bars.count(), [r["stage"] for r in records])
-        assert sorted(bars.evaluate_all("(gs) => gs.map((g) => g.dataset.stage)")) == \
-            sorted(r["stage"] for r in records)
-        assert page.locator(".h3-panel .h3-status .h3-role[data-role='B']").inner_text().find("127.0.0.3") >= 0
-
-        # ---- the node readouts and B's model list on H3RemoteDiT's picker
-        text = page.evaluate("""(id) => window.app.graph.getNodeById(id)?.widgets
-            ?.find((w) => w.name === 'h3_timing')?.element?.textContent ?? ''""", int(den_id))
-        assert f"step {den['summary']['steps_done']}/{den['summary']['steps_total']}" in text, text
+        # ---- the graph after the run, as the user sees it
+        boxes = page.boxes()
+        assert not overlaps(boxes), overlaps(boxes)
+        _check_readouts_complete(page, run)
+        page.shot(f"{BROWSER_TEMPLATE}_after_run")
         dit = next(t for t in run["timings"] if t["node_type"] == "H3RemoteDiT")
-        picker = page.evaluate("""() => {
+        picker = page.page.evaluate("""() => {
             const w = window.app.graph.nodes.find((n) => n.type === 'H3RemoteDiT').widgets
                 .find((w) => w.name === 'model_path');
             return { value: w.value, values: [...w.options.values] };
         }""")
         assert picker == {"value": TINY, "values": dit["summary"]["b_models"]}, picker
-        assert str(comfyui.found_model) in picker["values"]
-        if vue:
-            assert page.locator(f'[data-node-id="{den_id}"] .h3-readout').is_visible()
-        ours = [e for e in page_errors if "comfy-h3" in e or "h3_" in e]
-        assert not ours, ours
+        assert str(server.found_model) in picker["values"]
+
+        # ---- the H3 tab, opened like a user after the run
+        _check_panel(page, [rid], BROWSER_TEMPLATE)
+        bars = page.page.locator(f'.h3-panel .h3-request[data-request-id="{rid}"] .h3-bar')
+        assert sorted(bars.evaluate_all("(gs) => gs.map((g) => g.dataset.stage)")) == \
+            sorted(r["stage"] for r in records)
+        b_role = page.page.locator(".h3-panel .h3-status .h3-role[data-role='B']").inner_text()
+        assert "127.0.0.3" in b_role, b_role
+        a_role = page.page.locator(".h3-panel .h3-status .h3-role[data-role='A']")
+        assert a_role.get_attribute("data-state") == "ok" and "ComfyUI's process" in a_role.inner_text()
+        page.assert_clean()
     finally:
-        context.close()
-        _http_json(comfyui, "POST", f"/api/settings/{VUE_SETTING}", settings.get(VUE_SETTING, False))
+        page.close()
+        _http_json(server, "POST", f"/api/settings/{VUE_SETTING}", False)
+
+
+@pytest.mark.parametrize("version, vue", [(FRONTEND_VERSIONS[0], False), (FRONTEND_VERSIONS[-1], True)],
+                         ids=["litegraph-oldest", "vue-nodes-newest"])
+def test_batch_template_reads_from_the_page(comfyui_frontends, browser, version, vue):
+    """The batch template queued from the page (the oldest frontend's canvas, the newest one's Vue nodes; the batch
+    nodes' progress text stays on them in 1.49): H3PromptList shows its readout, every request has its row named
+    after the file with its place in the batch, and no node overlaps another."""
+    name = "h3_t2va_batch"
+    page = ComfyPage(comfyui_frontends(version), browser, vue=vue, version=version)
+    try:
+        page.open_file(name, _template(name)[1])
+        run = _queue_and_wait(page)
+        boxes = page.boxes()
+        assert not overlaps(boxes), overlaps(boxes)
+        readouts = _check_readouts_complete(page, run)
+        pl = next(r for r in readouts.values() if r["type"] == "H3PromptList")
+        assert "4 prompts" in pl["text"], pl
+        page.shot(f"{name}_after_run")
+        rids = sorted({t["request_id"] for t in run["timings"] if t["node_type"] == "H3RemoteDenoise"})
+        assert len(rids) == 4, rids
+        _check_panel(page, rids, name)
+        heads = page.page.locator(".h3-panel .h3-request .h3-req-head").all_inner_texts()
+        for k in range(1, 5):
+            assert any(f"request {k} of 4" in h for h in heads), heads
+        page.assert_clean()
+    finally:
+        page.close()
+        _http_json(page.server, "POST", f"/api/settings/{VUE_SETTING}", False)
 
 
 def test_template_wall_times(capsys):

@@ -195,6 +195,10 @@ class HarnessServer(ThreadedServer):
         async def favicon(request):
             return web.Response(status=204)
 
+        async def history(request):  # ComfyUI's prompt history: none in this harness
+            self.hits.append("history")
+            return web.json_response({})
+
         app = web.Application()
         app.router.add_get("/", index)
         app.router.add_get("/favicon.ico", favicon)
@@ -203,6 +207,7 @@ class HarnessServer(ThreadedServer):
         app.router.add_get(f"/extensions/{PACK}/{{name}}", ext_file)
         app.router.add_get("/api/h3/status", status)
         app.router.add_get("/api/h3/timings", timings)
+        app.router.add_get("/api/history", history)
         return app
 
 
@@ -325,7 +330,8 @@ def test_replay_readouts_and_timeline(page, tmp_path, capsys):
                 if e["type"] == "h3.progress" and e["data"]["node"] == last["node"]
                 and e["data"]["request_id"] == last["request_id"]}
         text = p.readout(last["node"]).locator(".h3-line-0").inner_text()
-        assert f"step {last['step']}/{last['total']}" in text, text
+        # h3.progress counts forwards; the node's `steps` input counts sigma points, one more
+        assert f"forward {last['step']} of {last['total']} ({last['total'] + 1} sigma points)" in text, text
         assert f"denoise {p.fmt(sum(mine.values()))}" in text, text
         secs, tol = parse_seconds(text.split("denoise", 1)[1])
         assert math.isclose(secs, sum(mine.values()), abs_tol=tol), (text, mine)
@@ -333,7 +339,7 @@ def test_replay_readouts_and_timeline(page, tmp_path, capsys):
         p.settle()
         live = p.page.locator(f'.h3-request[data-request-id="{last["request_id"]}"] .h3-bar.h3-live')
         assert live.count() == 1
-        assert live.locator(".h3-tick").count() == len(mine)
+        assert int(live.locator(".h3-tick").get_attribute("data-steps")) == len(mine)
         rest = EVENTS[cut + 1:]
     else:
         rest = EVENTS
@@ -351,8 +357,10 @@ def test_replay_readouts_and_timeline(page, tmp_path, capsys):
             secs, tol = parse_seconds(line0)
             assert math.isclose(secs, summary["compute_s"], abs_tol=tol), (line0, summary["compute_s"])
         if t["node_type"] == "H3RemoteDenoise":
-            if summary.get("steps_total") is not None:
-                assert f"step {summary.get('steps_done')}/{summary['steps_total']}" in line0
+            if summary.get("steps_total") is not None:  # the count once, as forwards and sigma points
+                n, text = summary["steps_total"], ro.inner_text()
+                assert f"{n + 1} sigma points" in text and f"{n} forwards" in text, text
+                assert "step " not in text, text
             for key, label in (("a_to_b", "A->B"), ("b_to_a", "B->A")):
                 f = summary.get(key)
                 if not f:
@@ -392,7 +400,8 @@ def test_replay_readouts_and_timeline(page, tmp_path, capsys):
             assert math.isclose(w, max(min_w, (r["end"] - r["start"]) / span * plot_w), abs_tol=0.02)
             y = float(rect.get_attribute("y"))
             assert abs(y - lanes[r["machine"]]) < 18  # inside its lane
-            assert bar.locator(".h3-tick").count() == len(r.get("steps") or [])
+            ticks = bar.locator(".h3-tick")  # one path holds every forward's tick
+            assert (int(ticks.get_attribute("data-steps")) if ticks.count() else 0) == len(r.get("steps") or [])
             title = bar.locator("title").text_content()
             assert title.startswith({"a_to_b": "A->B", "b_to_a": "B->A"}.get(r["stage"], r["stage"]))
             if r["stage"] in ("a_to_b", "b_to_a") and (r.get("fetch_s") or 0) > 0:
@@ -400,12 +409,13 @@ def test_replay_readouts_and_timeline(page, tmp_path, capsys):
         want = lane_gaps(recs)
         for lane, n in want.items():
             assert wf.locator(f'.h3-gap[data-lane="{lane}"]').count() == n, (lane, n)
-        # hover shows the numbers
+        # pointing shows the numbers in the details box
         den = [r for r in recs if r["stage"] == "denoise"]
         if den:
             wf.locator(f'.h3-bar[data-stage="denoise"] .h3-bar-rect').hover()
-            hover = p.page.locator("#sidebar-content .h3-hover").inner_text()
-            assert f"{len(den[0].get('steps') or [])} steps" in hover, hover
+            n = len(den[0].get("steps") or [])
+            p.page.wait_for_function("(want) => document.querySelector('#sidebar-content .h3-details')"
+                                     "?.textContent.includes(want)", arg=f"{n} forwards ({n + 1} sigma points)")
 
     # ---- status from /h3/status
     ok = p.server.status["ok"]

@@ -1,4 +1,5 @@
-"""The web extension inside ComfyUI's REAL frontend (PyPI ``comfyui-frontend-package``), without ComfyUI.
+"""The web extension inside ComfyUI's REAL frontend (PyPI ``comfyui-frontend-package``), without ComfyUI, with every
+frontend version of ``browser_support.FRONTEND_VERSIONS`` (1.49.6, the one ComfyUI 0.33 pins, and 1.58.1).
 
 Our own harness page (tests/test_web_browser.py) attaches the sidebar tab's element before calling ``render(el)``;
 the real frontend (1.49) calls ``render(el)`` first and attaches ``el`` afterwards, calls it again on re-renders and
@@ -6,8 +7,9 @@ with a new element when the tab is reopened. This test runs the pack's web/ file
 
 - an aiohttp server on 127.0.0.1 serves the installed frontend's static files, the pack's web/ at
   ``/extensions/comfy-h3/`` (listed by ``/api/extensions``, as ComfyUI does), and answers the frontend's API requests
-  from responses recorded from a real ComfyUI 0.33 running this pack (tests/web/fixtures/comfyui_frontend/, written
-  by tests/web/record_frontend_fixtures.py); settings are kept in memory and POSTs update them, like ComfyUI;
+  from responses recorded from a real ComfyUI 0.33 running this pack with that frontend
+  (tests/web/fixtures/comfyui_frontend/<version>/, written by tests/web/record_frontend_fixtures.py); settings are
+  kept in memory and POSTs update them, like ComfyUI;
 - ``/api/h3/timings`` lists the stage records of an earlier run (tests/web/fixtures/runner_events.jsonl) and
   ``/api/h3/status`` a healthy cluster (status_ok.json); the websocket ``/ws`` greets like ComfyUI and lets the test
   push a recorded ComfyUI run of the pack (tests/web/fixtures/comfyui_ws_h3_trace.jsonl);
@@ -15,10 +17,14 @@ with a new element when the tab is reopened. This test runs the pack's web/ file
   and checks that the panel and the H3RemoteDenoise node readout follow it live, then closes and reopens the tab;
   once with the classic LiteGraph canvas and once with Vue nodes (setting ``Comfy.VueNodes.Enabled``);
 - B's model list (``models.B`` of /h3/status, ``summary.b_models`` of H3RemoteDiT's h3.timing) becomes the choices
-  of every H3RemoteDiT node's ``model_path`` combo, the node's value kept; in Vue-node mode the opened select shows it.
+  of every H3RemoteDiT node's ``model_path`` combo, the node's value kept; in Vue-node mode the opened select shows it;
+- every example workflow opened as a file on a laptop's first screen (``browser_support.FIRST_SCREEN``): zoom at
+  least 0.6 (LiteGraph draws empty boxes below), no node under the frontend's bars, menus or minimap, no two nodes
+  overlapping, and still none once every node's readout holds a run's figures (each readout's text complete).
 
-Needs Debian's ``chromium``, PyPI's ``playwright`` and ``comfyui-frontend-package`` (the ``[test]`` extra pins the
-version the fixtures were recorded with). Missing any fails with instructions, unless ``H3_SKIP_BROWSER=1``.
+Needs Debian's ``chromium``, PyPI's ``playwright`` and the frontend packages: the ``[test]`` extra installs 1.49.6,
+any other version is installed into ``H3_FRONTEND_CACHE`` (``pip install --target``) on first use. Missing any fails
+with instructions, unless ``H3_SKIP_BROWSER=1``. ``H3_SCREENSHOTS=<folder>`` keeps a screenshot of each check.
 """
 
 from __future__ import annotations
@@ -32,20 +38,32 @@ import uuid
 
 import pytest
 
-from browser_support import CHROMIUM, CHROMIUM_ARGS, ThreadedServer, missing_browser_parts
+from browser_support import (
+    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_FREE_MASK, JS_NODE_BOXES, JS_WAIT_QUIET, MASK_STEP,
+    MIN_ZOOM, ThreadedServer, covered, frontend_static, missing_browser_parts, overlaps,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WEB = ROOT / "web"
 FIXTURES = ROOT / "tests" / "web" / "fixtures"
 RECORDED = FIXTURES / "comfyui_frontend"
+EXAMPLES = ROOT / "example_workflows"
+TEMPLATES = sorted(p.stem for p in EXAMPLES.glob("*.json"))
+LIVE_TEMPLATE = "h3_t2va_turbo"  # the template comfyui_ws_h3_trace.jsonl is a run of
 PACK = "comfy-h3"
-TAB_BUTTON = ".comfy-h3-timeline-tab-button"  # the frontend's class for a sidebar tab's button: `${id}-tab-button`
+# the sidebar tab's button: 1.49 gives it the class `${id}-tab-button`, 1.58 the test id and the tooltip as its label
+TAB_BUTTON = ('.comfy-h3-timeline-tab-button, [data-testid="comfy-h3-timeline-tab-button"], '
+              '.side-bar-button[aria-label^="H3 timings"]')
 VUE_SETTING = "Comfy.VueNodes.Enabled"
-MANIFEST = json.loads((RECORDED / "manifest.json").read_text())
-FRONTEND_VERSION = MANIFEST["frontend_version"]
-INSTALL_HINT = (f"install them with: apt-get update && apt-get install -y chromium && .venv/bin/pip install playwright "
-                f"comfyui-frontend-package=={FRONTEND_VERSION}  (or `pip install -e '.[test]'`; no `playwright "
-                f"install`: the test drives /usr/bin/chromium); or set H3_SKIP_BROWSER=1 to skip the browser tests")
+SHOTS = pathlib.Path(os.environ["H3_SCREENSHOTS"]) if os.environ.get("H3_SCREENSHOTS") else None
+INSTALL_HINT = ("install them with: apt-get update && apt-get install -y chromium && .venv/bin/pip install playwright "
+                "(or `pip install -e '.[test]'`; no `playwright install`: the test drives /usr/bin/chromium; frontend "
+                "versions besides the installed one are pip-installed into H3_FRONTEND_CACHE on first use); or set "
+                "H3_SKIP_BROWSER=1 to skip the browser tests")
+
+
+def manifest(version: str) -> dict:
+    return json.loads((RECORDED / version / "manifest.json").read_text())
 
 
 # ---------------------------------------------------------------------------------------------------- fixture data
@@ -84,18 +102,24 @@ LIVE_RECORDS = stage_records(LIVE)
 STATUS_OK = json.loads((FIXTURES / "status_ok.json").read_text())
 
 
-def live_graph() -> dict:
-    """A UI-format workflow holding the H3 nodes of the live run, under the ids the run reports."""
-    types: dict[str, str] = {}
-    for e in LIVE:
-        if e["type"] == "h3.timing":
-            types[str(e["data"]["node"])] = e["data"]["node_type"]
-    nodes = []
-    for k, (nid, t) in enumerate(sorted(types.items(), key=lambda kv: int(kv[0]))):
-        nodes.append({"id": int(nid), "type": t, "pos": [60 + 400 * (k % 3), 80 + 360 * (k // 3)], "size": [360, 240],
-                      "flags": {}, "order": k, "mode": 0, "properties": {}})
-    return {"last_node_id": max(n["id"] for n in nodes), "last_link_id": 0, "nodes": nodes, "links": [], "groups": [],
-            "config": {}, "extra": {"ds": {"scale": 0.7, "offset": [40, 40]}}, "version": 0.4}
+def template(name: str) -> dict:
+    return json.loads((EXAMPLES / f"{name}.json").read_text())
+
+
+def final_timings() -> dict[str, dict]:
+    """The last h3.timing payload of each node type in the live run, plus the node types that run has not (their
+    records as the nodes write them), to fill every node's readout of any template."""
+    out = {e["data"]["node_type"]: e["data"] for e in LIVE if e["type"] == "h3.timing"}
+    def local(node_type, stage, note="", **summary):
+        rec = {"request_id": "", "stage": stage, "machine": "A", "node": "spark-a", "start": 1.0, "end": 1.002,
+               "compute_s": 0.002, "note": note}
+        return {"prompt_id": "p-fill", "node": None, "node_type": node_type, "request_id": None, "stages": [rec],
+                "summary": {"compute_s": 0.002, "machine": "A", "a_to_b": None, "b_to_a": None, **summary}}
+    out.setdefault("H3Keyframes", local("H3Keyframes", "keyframes"))
+    out.setdefault("H3References", local("H3References", "references"))
+    out.setdefault("H3PromptList", local("H3PromptList", "prompts", "4 prompts, seeds increment: 42, 43, 44, 45",
+                                         prompts=4, seeds=[42, 43, 44, 45]))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- server
@@ -103,11 +127,11 @@ def live_graph() -> dict:
 class FrontendServer(ThreadedServer):
     """The real frontend's files plus ComfyUI's recorded answers, on 127.0.0.1 (random port), in a thread."""
 
-    def __init__(self, static: pathlib.Path):
+    def __init__(self, static: pathlib.Path, recorded: pathlib.Path):
         self.static = static
-        self.responses: dict = json.loads((RECORDED / "responses.json").read_text())
-        self.object_info: dict = json.loads((RECORDED / "object_info.json").read_text())
-        self.ws_connect = load_events(RECORDED / "ws_connect.jsonl")
+        self.responses: dict = json.loads((recorded / "responses.json").read_text())
+        self.object_info: dict = json.loads((recorded / "object_info.json").read_text())
+        self.ws_connect = load_events(recorded / "ws_connect.jsonl")
         self.settings: dict = {}
         self.records: list[dict] = []
         self.status = STATUS_OK
@@ -226,6 +250,14 @@ class FrontendServer(ThreadedServer):
             self.hits.append("h3/timings")
             return web.json_response({"records": self.records})
 
+        async def view(request):
+            # an example workflow's input files (LoadImage / LoadAudio previews), as ComfyUI serves its input folder
+            name = pathlib.Path(request.query.get("filename", "")).name
+            path = EXAMPLES / "inputs" / name
+            if not name or not path.is_file():
+                raise web.HTTPNotFound()
+            return web.FileResponse(path)
+
         async def other_post(request):
             self.hits.append(f"POST {request.path}")
             return web.json_response({})
@@ -243,6 +275,7 @@ class FrontendServer(ThreadedServer):
         app.router.add_get("/api/object_info/{name}", object_info_one)
         app.router.add_get("/api/h3/status", h3_status)
         app.router.add_get("/api/h3/timings", h3_timings)
+        app.router.add_get("/api/view", view)
         for prefix in ("/api", "/internal", "/templates"):
             app.router.add_get(prefix + "/{tail:.*}", recorded)
             app.router.add_post(prefix + "/{tail:.*}", other_post)
@@ -256,49 +289,41 @@ class FrontendServer(ThreadedServer):
 
 # ---------------------------------------------------------------------------------------------------- fixtures
 
-def _frontend_static() -> pathlib.Path | str:
-    """The installed frontend's static folder, or why it cannot be used."""
-    try:
-        import comfyui_frontend_package
-    except ImportError:
-        return "the comfyui-frontend-package Python package"
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        have = version("comfyui-frontend-package")
-    except PackageNotFoundError:
-        have = "unknown"
-    if have != FRONTEND_VERSION:
-        return (f"comfyui-frontend-package=={FRONTEND_VERSION} (the version the fixtures were recorded with; "
-                f"{have} is installed)")
-    static = pathlib.Path(comfyui_frontend_package.__file__).resolve().parent / "static"
-    if not (static / "index.html").is_file():
-        return f"comfyui-frontend-package's static files ({static} has no index.html)"
-    return static
-
-
 @pytest.fixture(scope="module")
-def frontend():
+def chromium():
     skip = os.environ.get("H3_SKIP_BROWSER") == "1"
     missing = missing_browser_parts()
-    static = _frontend_static()
-    if isinstance(static, str):
-        missing.append(static)
     if missing:
         msg = f"the real-frontend test needs {' and '.join(missing)}: {INSTALL_HINT}"
         if skip:
             pytest.skip(msg)
         pytest.fail(msg, pytrace=False)
-    server = FrontendServer(static).start()
-    try:
-        from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright
 
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            try:
-                yield browser, server
-            finally:
-                browser.close()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="module", params=FRONTEND_VERSIONS)
+def frontend(request, chromium):
+    """``(browser, server, version)``: the test server with one frontend version's files and recorded answers."""
+    version = request.param
+    static = frontend_static(version)
+    if isinstance(static, str):
+        msg = f"the real-frontend test needs {static}: {INSTALL_HINT}"
+        if os.environ.get("H3_SKIP_BROWSER") == "1":
+            pytest.skip(msg)
+        pytest.fail(msg, pytrace=False)
+    assert (RECORDED / version / "responses.json").is_file(), (
+        f"no answers recorded for frontend {version}: run tests/web/record_frontend_fixtures.py against a ComfyUI "
+        f"started with --front-end-root <that version's static folder>")
+    server = FrontendServer(static, RECORDED / version).start()
+    try:
+        yield chromium, server, version
     finally:
         server.stop()
 
@@ -306,11 +331,12 @@ def frontend():
 class FrontendPage:
     """The real frontend booted against the test server, with console and page-error capture."""
 
-    def __init__(self, browser, server: FrontendServer, *, vue: bool):
+    def __init__(self, browser, server: FrontendServer, *, vue: bool, version: str, viewport=(1500, 960)):
         self.server = server
+        self.version = version
         server.reset(**{VUE_SETTING: vue})
         server.records = list(EARLIER_RECORDS)  # an earlier run the page has never seen live
-        self.context = browser.new_context(viewport={"width": 1500, "height": 960})
+        self.context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
         self.page = self.context.new_page()
         self.page.set_default_timeout(15000)
         self.console: list[tuple[str, str]] = []
@@ -325,6 +351,45 @@ class FrontendPage:
             time.sleep(0.05)
         assert server.connected(), "the frontend did not open its websocket"
         assert self.page.evaluate(f"() => window.app.extensionManager.setting.get('{VUE_SETTING}')") is vue
+        assert self.page.evaluate("() => window.__COMFYUI_FRONTEND_VERSION__") == version
+
+    def open_workflow(self, name: str, wf: dict | None = None):
+        """Opens an example workflow the way a dropped or opened file is: its saved view applied, named after it."""
+        self.page.evaluate("([wf, name]) => window.app.loadGraphData(wf, true, true, name)",
+                           [wf or template(name), f"{name}.json"])
+        self.page.wait_for_function("(n) => window.app.graph.nodes.length === n", arg=len((wf or template(name))["nodes"]))
+        if self.page.evaluate("() => window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled')"):
+            self.page.wait_for_function("(n) => document.querySelectorAll('[data-node-id]').length >= n",
+                                        arg=len((wf or template(name))["nodes"]))
+        self.settle()
+
+    def settle(self, ms: int = 400):
+        """Two animation frames and a pause: the canvas and the Vue nodes have drawn what changed."""
+        self.page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        self.page.wait_for_timeout(ms)
+
+    def boxes(self) -> list[dict]:
+        return self.page.evaluate(JS_NODE_BOXES)
+
+    def free_mask(self) -> list[str]:
+        """Where the canvas shows through, on an empty graph (what the frontend draws over it is marked)."""
+        self.page.evaluate("() => { window.app.graph.clear(); window.app.canvas.setDirty(true, true); }")
+        self.settle(600)
+        return self.page.evaluate(JS_FREE_MASK, MASK_STEP)
+
+    def readouts(self) -> list[dict]:
+        """Every H3 readout: its node, text, and whether its text fits the room the node gives it."""
+        return self.page.evaluate("""() => window.app.graph.nodes.flatMap((n) => {
+            const el = n.widgets?.find((w) => w.name === 'h3_timing')?.element;
+            if (!el) return [];
+            return [{id: String(n.id), type: n.type, text: el.innerText, connected: el.isConnected,
+                     client: el.clientHeight, scroll: el.scrollHeight, cw: el.clientWidth, sw: el.scrollWidth}];
+        })""")
+
+    def shot(self, name: str):
+        if SHOTS is not None:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            self.page.screenshot(path=str(SHOTS / f"frontend_{self.version}_{name}.png"))
 
     def fmt(self, seconds):
         return self.page.evaluate(
@@ -357,29 +422,57 @@ class FrontendPage:
 
 # ---------------------------------------------------------------------------------------------------- test
 
-def test_fixtures_are_usable():
+@pytest.mark.parametrize("version", FRONTEND_VERSIONS)
+def test_fixtures_are_usable(version):
     assert by_request(EARLIER_RECORDS), "runner_events.jsonl has no stage record with a request id"
     assert by_request(LIVE_RECORDS), "comfyui_ws_h3_trace.jsonl has no stage record with a request id"
     assert not set(by_request(EARLIER_RECORDS)) & set(by_request(LIVE_RECORDS)), "the two runs share a request id"
     assert any(e["type"] == "h3.progress" for e in LIVE)
-    assert MANIFEST["pack_folder"] == PACK
-    info = json.loads((RECORDED / "object_info.json").read_text())
-    for node_type in {e["data"]["node_type"] for e in LIVE if e["type"] == "h3.timing"}:
-        assert node_type in info, f"{node_type} missing from the recorded object_info"
+    m = manifest(version)
+    assert m["pack_folder"] == PACK and m["frontend_version"] == version, m
+    info = json.loads((RECORDED / version / "object_info.json").read_text())
+    from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
+
+    wanted = set(NODE_CLASS_MAPPINGS) | {n["type"] for name in TEMPLATES for n in template(name)["nodes"]}
+    assert not wanted - set(info), f"missing from the recorded object_info of {version}: {sorted(wanted - set(info))}"
+    live_types = {e["data"]["node_type"]: e["data"]["node"] for e in LIVE if e["type"] == "h3.timing"}
+    nodes = {n["type"]: str(n["id"]) for n in template(LIVE_TEMPLATE)["nodes"]}
+    for t, nid in live_types.items():
+        assert nodes.get(t) == str(nid), f"the live trace's {t} is node {nid}, {LIVE_TEMPLATE}.json has {nodes.get(t)}"
+
+
+def _breakdown_adds_up(page, rid: str) -> tuple[float, float]:
+    """(total, sum of the parts) of a request row's header: the parts must add up to the total."""
+    return tuple(page.evaluate("""(rid) => {
+        const row = document.querySelector(`.h3-request[data-request-id="${rid}"] .h3-req-sum`);
+        if (!row) return [null, null];
+        const parts = Object.entries(row.dataset).filter(([k]) => k.startsWith('part_')).map(([, v]) => Number(v));
+        return [Number(row.dataset.totalS), parts.reduce((a, b) => a + b, 0)];
+    }""", rid))
+
+
+def _labels_inside(page) -> list[str]:
+    """Axis, bar and gap labels of every waterfall that reach past its SVG's edges."""
+    return page.evaluate("""() => [...document.querySelectorAll('.h3-panel svg.h3-wf:not(.h3-swatch)')].flatMap((svg) => {
+        const w = Number(svg.getAttribute('width'));
+        return [...svg.querySelectorAll('text')].flatMap((t) => {
+            const b = t.getBBox();
+            return b.x < -0.5 || b.x + b.width > w + 0.5 ? [`${t.textContent} [${b.x.toFixed(1)}, ${(b.x + b.width).toFixed(1)}] of ${w}`] : [];
+        });
+    })""")
 
 
 @pytest.mark.parametrize("vue", [False, True], ids=["litegraph", "vue-nodes"])
 def test_sidebar_panel_and_readouts_in_the_real_frontend(frontend, vue):
-    browser, server = frontend
-    p = FrontendPage(browser, server, vue=vue)
+    browser, server, version = frontend
+    p = FrontendPage(browser, server, vue=vue, version=version)
     try:
-        p.page.evaluate("(wf) => window.app.loadGraphData(wf)", live_graph())
-        p.page.wait_for_function("() => window.app.graph.nodes.length > 0 && "
-                                 "window.app.graph.nodes.every((n) => n.type.startsWith('H3'))")
+        p.open_workflow(LIVE_TEMPLATE)  # the template the live trace ran, as its file
+        den_id = next(str(n["id"]) for n in template(LIVE_TEMPLATE)["nodes"] if n["type"] == "H3RemoteDenoise")
         if vue:  # Vue nodes: real DOM nodes carrying the readout
-            p.page.locator('[data-node-id="5"] .h3-readout').wait_for(state="attached")
+            p.page.locator(f'[data-node-id="{den_id}"] .h3-readout').wait_for(state="attached")
 
-        # ---- opened like a user: the rows of /h3/timings (an earlier run) are there
+        # ---- opened like a user: the rows of /h3/timings (an earlier run) are there, with the legend
         earlier = by_request(EARLIER_RECORDS)
         p.toggle_tab()
         panel = p.panel()
@@ -389,12 +482,17 @@ def test_sidebar_panel_and_readouts_in_the_real_frontend(frontend, vue):
             row.wait_for()
             assert row.locator(".h3-bar").count() == len(recs)
         assert panel.locator(".h3-empty").count() == 0
+        legend = panel.locator(".h3-legend .h3-key")
+        assert legend.count() >= 10
+        legend_text = panel.locator(".h3-legend").inner_text()
+        for words in ("encode", "denoise", "decode", "transfer", "fetch", "materialise", "idle", "running", "slow"):
+            assert words in legend_text, legend_text
         # first drawn while still detached (no width yet), then redrawn at the sidebar's real width
         p.page.wait_for_function("""() => {
-            const panel = document.querySelector('.h3-panel');
-            const svg = panel?.querySelector('svg.h3-wf');
-            const want = Math.max(320, Math.round(panel.clientWidth - 16));
-            return panel.clientWidth > 0 && !!svg && Math.abs(Number(svg.getAttribute('width')) - want) <= 16;
+            const list = document.querySelector('.h3-panel .h3-requests');
+            const svg = list?.querySelector('svg.h3-wf');
+            const want = Math.max(280, Math.round(list.clientWidth));
+            return list.clientWidth > 0 && !!svg && Math.abs(Number(svg.getAttribute('width')) - want) <= 24;
         }""")
         ok_role_b = STATUS_OK["actors"][0]["health"]["B"]["node_ip"]
         panel.locator('.h3-status .h3-role[data-role="B"]').wait_for()
@@ -403,16 +501,17 @@ def test_sidebar_panel_and_readouts_in_the_real_frontend(frontend, vue):
 
         # ---- a run arrives over the websocket: the open panel and the node readout follow it live
         live = by_request(LIVE_RECORDS)
-        (live_rid,) = live
+        live_rid = max(live, key=lambda r: len(live[r]))
         progress = [i for i, e in enumerate(LIVE) if e["type"] == "h3.progress"]
         first = LIVE[progress[0]]["data"]
         server.push(LIVE[: progress[0] + 1])
         row = panel.locator(f'.h3-request[data-request-id="{live_rid}"]')
         row.wait_for()
+        # the count once, in the node's words: h3.progress counts forwards, the `steps` input sigma points (one more)
+        words = f"forward {first['step']} of {first['total']} ({first['total'] + 1} sigma points)"
         p.page.wait_for_function(
             "([id, want]) => (window.app.graph.getNodeById(id)?.widgets?.find((w) => w.name === 'h3_timing')"
-            "?.element?.textContent ?? '').includes(want)",
-            arg=[int(first["node"]), f"step {first['step']}/{first['total']}"])
+            "?.element?.textContent ?? '').includes(want)", arg=[int(den_id), words])
         row.locator(".h3-bar.h3-live").wait_for()  # the running denoise (the panel redraw is debounced)
         assert row.locator(".h3-bar.h3-live").count() == 1
         assert row.get_attribute("data-state") != "done"
@@ -422,21 +521,74 @@ def test_sidebar_panel_and_readouts_in_the_real_frontend(frontend, vue):
         p.page.wait_for_function(
             f"() => document.querySelector('.h3-request[data-request-id=\"{live_rid}\"]')?.dataset.state === 'done'")
         assert row.locator(".h3-bar").count() == len(live[live_rid])
+        p.settle()
         final = {str(e["data"]["node"]): e["data"] for e in LIVE if e["type"] == "h3.timing"}
+        readouts = {r["id"]: r for r in p.readouts()}
         for nid, t in final.items():
-            text = p.readout_text(int(nid))
-            assert text is not None, f"node {nid} ({t['node_type']}) has no readout in the page"
+            r = readouts.get(nid)
+            assert r is not None and r["connected"], f"node {nid} ({t['node_type']}) has no readout in the page"
             compute = (t.get("summary") or {}).get("compute_s")
             if isinstance(compute, (int, float)):
-                assert p.fmt(compute) in text, (t["node_type"], text)
-        den = next(t for t in final.values() if t["node_type"] == "H3RemoteDenoise")
-        den_text = p.readout_text(int(den["node"]))
+                assert p.fmt(compute) in r["text"], (t["node_type"], r["text"])
+            # wrapped and complete: nothing hidden below or beside the readout's room
+            assert r["scroll"] <= r["client"] + 1 and r["sw"] <= r["cw"] + 1, (t["node_type"], r)
+        den = final[den_id]
+        den_text = readouts[den_id]["text"]
         s = den["summary"]
-        assert f"step {s['steps_done']}/{s['steps_total']}" in den_text, den_text
+        assert s["schedule"] in den_text.replace("\n", " "), den_text
+        assert "step " not in den_text, den_text
+        preview = s.get("preview") or {}
+        if preview.get("count"):
+            assert f"previews: {preview['count']} × " in den_text, den_text
+        else:
+            assert preview.get("note", "") in den_text.replace("\n", " "), den_text
+        dit = next(t for t in final.values() if t["node_type"] == "H3RemoteDiT")
+        for part in dit["summary"]["status"].split(" · "):
+            assert part in readouts[str(dit["node"])]["text"].replace("\n", " "), readouts[str(dit["node"])]["text"]
+        lora = next((t for t in final.values() if t["node_type"] == "H3LoRA"), None)
+        if lora:
+            assert readouts[str(lora["node"])]["text"].startswith("B lora"), readouts[str(lora["node"])]
+            assert lora["summary"]["resolved"] in readouts[str(lora["node"])]["text"].replace("\n", "")
+        boxes = p.boxes()
+        assert not overlaps(boxes), overlaps(boxes)  # the readouts were reserved: nothing grew over its neighbour
         if vue:
-            assert p.page.locator(f'[data-node-id="{den["node"]}"] .h3-readout').is_visible()
+            assert p.page.locator(f'[data-node-id="{den_id}"] .h3-readout').is_visible()
         n_rows = len(earlier) + len(live)
         assert panel.locator(".h3-request").count() == n_rows
+
+        # ---- every row reads without pointing: named, its parts adding up to its total, labels inside the chart
+        head = row.locator(".h3-req-head").inner_text()
+        assert f"{LIVE_TEMPLATE}.json" in head or "t2va" in head, head
+        for rid in [*earlier, *live]:
+            total, parts = _breakdown_adds_up(p.page, rid)
+            assert total is not None and abs(total - parts) <= 1e-6 * max(1.0, total), (rid, total, parts)
+        assert not _labels_inside(p.page), _labels_inside(p.page)
+        # the live run is a ComfyUI's first: its connect started Ray and B, drawn and named inside the row
+        connect = next(r for e in LIVE if e["type"] == "h3.timing" and e["data"]["node_type"] == "H3RemoteDiT"
+                       for r in e["data"]["stages"] if r["stage"] == "connect")
+        if connect["end"] - connect["start"] > 2:
+            ctx = row.locator('.h3-ctx[data-stage="connect"]')
+            assert ctx.count() == 1 and "start" in (ctx.text_content() or ""), row.inner_html()[:400]
+
+        # ---- pointing at the denoise bar shows its figures without moving anything (it once stalled the page)
+        bar = row.locator('.h3-bar[data-stage="denoise"] .h3-bar-rect')
+        assert p.page.evaluate(JS_WAIT_QUIET, [".h3-panel .h3-requests", 600, 10000]), "the panel keeps redrawing"
+        row.scroll_into_view_if_needed()
+        before = row.bounding_box()
+        p.page.evaluate("""() => { window.__h3mut = 0; new MutationObserver((m) => { window.__h3mut += m.length; })
+            .observe(document.querySelector('.h3-panel .h3-requests'), {subtree: true, childList: true, attributes: true}); }""")
+        box = bar.bounding_box()
+        for k in range(12):  # the pointer wanders over the bar and back
+            p.page.mouse.move(box["x"] + box["width"] * (k % 4 + 0.5) / 4, box["y"] + box["height"] / 2)
+        p.page.wait_for_timeout(300)
+        t0 = time.monotonic()
+        assert p.page.evaluate("() => 1") == 1
+        assert time.monotonic() - t0 < 1.0, "the page stalls while a denoise bar is pointed at"
+        details = panel.locator(".h3-details").inner_text()
+        assert "forwards" in details and "denoise on B" in details, details
+        assert row.bounding_box() == before, "pointing at a bar moved the rows"
+        assert p.page.evaluate("() => window.__h3mut") == 0, "pointing at a bar redrew the rows"
+        p.shot(f"panel_{'vue' if vue else 'litegraph'}")
 
         # ---- closing and reopening the tab: the frontend renders into a new element; the rows are still there
         p.toggle_tab()
@@ -445,11 +597,52 @@ def test_sidebar_panel_and_readouts_in_the_real_frontend(frontend, vue):
         panel = p.panel()
         panel.wait_for()
         p.page.wait_for_function(f"() => document.querySelectorAll('.h3-panel .h3-request').length === {n_rows}")
-        for rid in [*earlier, live_rid]:
+        for rid in [*earlier, *live]:
             assert panel.locator(f'.h3-request[data-request-id="{rid}"] .h3-bar').count() > 0
         assert p.page.locator(".h3-panel").count() == 1
         p.assert_clean()
         assert "h3/timings" in server.hits
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("vue", [False, True], ids=["litegraph", "vue-nodes"])
+def test_templates_open_on_the_first_screen_and_keep_their_room(frontend, vue):
+    """Every example workflow opened as a file on a laptop's first screen: the saved view's zoom draws titles and
+    widgets (>= 0.6), no node lies under the frontend's bars, menus or minimap, none overlaps another; with every
+    readout filled by a run's figures the text is complete and still no node overlaps another."""
+    browser, server, version = frontend
+    p = FrontendPage(browser, server, vue=vue, version=version, viewport=FIRST_SCREEN)
+    fills = final_timings()
+    try:
+        mask = p.free_mask()
+        problems = []
+        for name in TEMPLATES:
+            p.open_workflow(name)
+            zoom = p.page.evaluate("() => window.app.canvas.ds.scale")
+            if zoom < MIN_ZOOM:
+                problems.append(f"{name}: opens at zoom {zoom:.3f} < {MIN_ZOOM}")
+            boxes = p.boxes()
+            problems += [f"{name}: {x}" for x in overlaps(boxes) + covered(boxes, mask)]
+            p.shot(f"{name}_{'vue' if vue else 'litegraph'}_open")
+            # every node's readout filled with a run's figures
+            events = []
+            for n in template(name)["nodes"]:
+                payload = fills.get(n["type"])
+                if payload:
+                    events.append({"type": "h3.timing", "data": {**payload, "node": str(n["id"])}})
+            server.push(events)
+            p.settle(600)
+            for r in p.readouts():
+                if not r["connected"] or "–" in r["text"].split("\n")[0]:
+                    problems.append(f"{name}: node {r['id']} ({r['type']}) shows no figures: {r['text']!r}")
+                elif r["scroll"] > r["client"] + 1 or r["sw"] > r["cw"] + 1:
+                    problems.append(f"{name}: node {r['id']} ({r['type']}) readout cut: {r}")
+            boxes = p.boxes()
+            problems += [f"{name} after a run: {x}" for x in overlaps(boxes)]
+            p.shot(f"{name}_{'vue' if vue else 'litegraph'}_filled")
+        assert not problems, "\n".join(problems)
+        p.assert_clean()
     finally:
         p.close()
 
@@ -477,12 +670,11 @@ def _dit_picker(page, node_id=None):
 def test_model_picker_offers_what_b_reported(frontend, vue):
     """B's model list, from /h3/status (`models.B`) and from H3RemoteDiT's h3.timing (`summary.b_models`), becomes
     the choices of every H3RemoteDiT node's model_path combo; the node's current value is kept."""
-    browser, server = frontend
-    p = FrontendPage(browser, server, vue=vue)
+    browser, server, version = frontend
+    p = FrontendPage(browser, server, vue=vue, version=version)
     server.status = {**STATUS_OK, "models": {"A": ["tiny-random"], "B": STATUS_B_MODELS}}
     try:
-        p.page.evaluate("(wf) => window.app.loadGraphData(wf)", live_graph())
-        p.page.wait_for_function("() => window.app.graph.nodes.some((n) => n.type === 'H3RemoteDiT')")
+        p.open_workflow(LIVE_TEMPLATE)
         before = _dit_picker(p.page)
         assert before["type"] == "combo" and "tiny-random" in before["values"], before
         dit_id = before["id"]
@@ -519,7 +711,7 @@ def test_model_picker_offers_what_b_reported(frontend, vue):
         # ---- a H3RemoteDiT added afterwards offers the same list
         new_id = p.page.evaluate("""() => {
             const n = window.LiteGraph.createNode('H3RemoteDiT');
-            n.pos = [80, 520];
+            n.pos = [1600, 1100]; // clear of the template's nodes
             window.app.graph.add(n);
             return n.id;
         }""")
@@ -529,6 +721,8 @@ def test_model_picker_offers_what_b_reported(frontend, vue):
         }""", arg=[new_id, TIMING_B_MODELS])
 
         if vue:  # what the user sees: the Vue node's select lists B's models when opened
+            p.toggle_tab()  # the open sidebar panel covers the left of the graph
+            p.page.wait_for_function("() => !document.querySelector('.h3-panel')?.isConnected")
             widgets = p.page.locator(f'[data-node-id="{dit_id}"] [data-testid="node-widget"]')
             field = widgets.filter(has_text="model_path")
             trigger = field.locator('[role="combobox"]')
@@ -538,6 +732,31 @@ def test_model_picker_offers_what_b_reported(frontend, vue):
             shown = [t.strip() for t in p.page.locator('[role="option"]').all_inner_texts()]
             assert shown == TIMING_B_MODELS, shown
             p.page.keyboard.press("Escape")
+        p.assert_clean()
+    finally:
+        server.status = STATUS_OK
+        p.close()
+
+
+def test_status_names_an_a_inside_comfyui(frontend):
+    """A's encoders inside ComfyUI's own process have no actor and no health entry: /h3/status says so
+    (``a_process``) and the panel names A that way instead of an amber "?" with a raw JSON tooltip."""
+    browser, server, version = frontend
+    status = json.loads(json.dumps(STATUS_OK))
+    for a in status["actors"]:
+        a["health"].pop("A", None)
+    status["a_process"] = {"in_process": True, "hostname": "spark-a", "pid": 4242}
+    server.status = status
+    p = FrontendPage(browser, server, vue=False, version=version)
+    try:
+        p.toggle_tab()
+        role = p.panel().locator('.h3-status .h3-role[data-role="A"]')
+        role.wait_for()
+        text = role.inner_text()
+        assert "in ComfyUI's process on spark-a" in text and "ok" in text, text
+        assert role.get_attribute("data-state") == "ok"
+        title = role.get_attribute("title")
+        assert "{" not in title and "null" not in title, title
         p.assert_clean()
     finally:
         server.status = STATUS_OK

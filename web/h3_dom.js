@@ -3,23 +3,27 @@
 // No ComfyUI import and no side effects at load time (ComfyUI also loads it as an extension script on its own):
 // every function takes the document it draws into. The glue (h3_extension.js) decides when to call them.
 
-import { fmtPercent, fmtSeconds, requestSummary, shortId, stageLabel, workerText } from "./h3_view.js";
-import { waterfall } from "./h3_timeline.js";
+import { batchText } from "./h3_readout.js";
+import { roleText, workerText } from "./h3_status.js";
+import { LEGEND, requestSummary, waterfall } from "./h3_timeline.js";
+import { fmtPercent, fmtSeconds, shortId, stageLabel } from "./h3_view.js";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 const STYLE_ID = "comfy-h3-styles";
 
 export const CSS = `
-.h3-readout { font: 11px/1.35 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; color: var(--input-text, #ddd);
-  padding: 2px 4px; box-sizing: border-box; overflow: hidden; pointer-events: auto; user-select: text; }
-.h3-readout .h3-line { white-space: normal; overflow: hidden; }
-.h3-readout .h3-line > span:not(.h3-sep) { white-space: nowrap; display: inline-block; }
-.h3-readout .h3-line + .h3-line { font-size: 10px; opacity: .75; }
+.h3-readout { font: 11px/14px system-ui, -apple-system, "Segoe UI", sans-serif; font-variant-numeric: tabular-nums;
+  color: var(--input-text, #ddd); padding: 3px 4px; box-sizing: border-box; overflow: hidden; pointer-events: auto;
+  user-select: text; width: 100%; }
+.h3-readout .h3-line { white-space: normal; overflow-wrap: anywhere; word-break: normal; }
+.h3-readout .h3-line > span { white-space: normal; }
+.h3-readout .h3-line + .h3-line { opacity: .8; }
 .h3-readout .h3-sep { opacity: .5; }
 .h3-readout.h3-state-stale, .h3-readout.h3-state-cached { opacity: .6; }
 .h3-readout .h3-running, .h3-readout.h3-live .h3-steps { color: #7fb8ff; }
 .h3-readout .h3-muted { opacity: .5; }
 .h3-readout .h3-error { color: #ff6b6b; }
+.h3-readout .h3-b-share { color: #b9a4ff; }
 .h3-slow { color: #ffb347 !important; font-weight: 600; background: rgba(255, 140, 66, .16); border-radius: 3px; }
 .h3-panel { font: 12px/1.4 system-ui, sans-serif; color: var(--fg-color, #ddd); padding: 6px; box-sizing: border-box;
   display: flex; flex-direction: column; gap: 6px; min-width: 0; }
@@ -36,10 +40,16 @@ export const CSS = `
 .h3-warn .h3-warn-detail { font-weight: 400; display: block; word-break: break-word; }
 .h3-mismatch { color: #ffb347; }
 .h3-ok { color: #6fcf6f; }
-.h3-hover { font: 11px/1.35 ui-monospace, monospace; white-space: pre-wrap; min-height: 1.4em; opacity: .85; }
+.h3-details { font: 11px/14px ui-monospace, monospace; white-space: pre-wrap; height: 84px; overflow: auto;
+  opacity: .85; border: 1px dashed var(--border-color, #444); border-radius: 4px; padding: 2px 4px; contain: strict; }
+.h3-legend { display: flex; flex-wrap: wrap; gap: 2px 10px; font-size: 10.5px; opacity: .9; }
+.h3-legend .h3-key { display: inline-flex; align-items: center; gap: 4px; }
+.h3-legend svg.h3-wf.h3-swatch { flex: none; width: 18px; height: 10px; display: inline-block; }
 .h3-request { border-top: 1px solid var(--border-color, #444); padding-top: 4px; }
 .h3-req-head { font-size: 11px; overflow-wrap: anywhere; }
-.h3-req-head .h3-req-id { font-weight: 600; }
+.h3-req-head .h3-req-name { font-weight: 600; }
+.h3-req-head .h3-req-id { opacity: .75; }
+.h3-req-sum { font-size: 10.5px; opacity: .8; overflow-wrap: anywhere; }
 .h3-empty { opacity: .6; font-style: italic; }
 svg.h3-wf { display: block; width: 100%; height: auto; overflow: visible; }
 svg.h3-wf .h3-lane-bg { fill: rgba(127, 127, 127, .08); }
@@ -52,6 +62,11 @@ svg.h3-wf .h3-stage-denoise .h3-bar-rect { fill: #8e6cf0; }
 svg.h3-wf .h3-stage-decode .h3-bar-rect { fill: #3cb371; }
 svg.h3-wf .h3-stage-save .h3-bar-rect { fill: #2e8b57; }
 svg.h3-wf .h3-stage-load .h3-bar-rect, svg.h3-wf .h3-stage-connect .h3-bar-rect { fill: #888; }
+svg.h3-wf .h3-ctx .h3-bar-rect, svg .h3-ctx-key { fill: rgba(150, 150, 150, .45); stroke: #aaa; stroke-dasharray: 3 2; }
+svg.h3-wf .h3-gap-label, svg.h3-wf .h3-bar-label { fill: currentColor; font: 10px system-ui, sans-serif;
+  dominant-baseline: middle; pointer-events: none; }
+svg.h3-wf .h3-bar-label { fill: #fff; font-size: 9.5px; paint-order: stroke; stroke: rgba(0, 0, 0, .45); stroke-width: 2px; }
+svg.h3-wf .h3-gaps .h3-gap-label { font-style: italic; opacity: .75; }
 svg.h3-wf .h3-live .h3-bar-rect { fill-opacity: .55; stroke-dasharray: 3 2; }
 svg.h3-wf .h3-bar.h3-slow .h3-bar-rect { stroke: #ff3b30; stroke-width: 1.5; }
 svg.h3-wf .h3-seg-wait { fill: rgba(255, 255, 255, .35); }
@@ -59,7 +74,7 @@ svg.h3-wf .h3-seg-fetch { fill: #f07b30; }
 svg.h3-wf .h3-seg-materialize { fill: #ffd36b; }
 svg.h3-wf .h3-seg-validate { fill: #c9a0ff; }
 svg.h3-wf .h3-tick { stroke: rgba(255, 255, 255, .8); stroke-width: 1; }
-svg.h3-wf .h3-bar:hover .h3-bar-rect { stroke: #fff; stroke-width: 1; }
+svg.h3-wf .h3-bar:hover .h3-bar-rect, svg.h3-wf .h3-ctx:hover .h3-bar-rect { stroke: #fff; stroke-width: 1; }
 svg.h3-wf .h3-axis line { stroke: rgba(160, 160, 160, .6); }
 svg.h3-wf .h3-axis text { fill: currentColor; opacity: .7; font: 9px system-ui, sans-serif; }
 .h3-float-btn { position: fixed; right: 12px; bottom: 12px; z-index: 1000; font: 600 12px system-ui, sans-serif;
@@ -124,42 +139,70 @@ export function renderReadout(root, model) {
 
 // ------------------------------------------------------------------------------------------------ waterfall
 
-/** SVG of a waterfall() geometry; every bar and gap carries a <title> (hover shows the numbers). */
-export function renderWaterfall(doc, geom, { onHover } = {}) {
-  const root = svg(doc, "svg", { class: "h3-wf", width: geom.width, height: geom.height,
-                                 viewBox: `0 0 ${geom.width} ${geom.height}` });
-  if (geom.request_id) root.dataset.requestId = geom.request_id;
-  root.dataset.totalS = String(geom.total_s);
-  root.dataset.minBarWidth = String(geom.minBarWidth);
+function hatch(doc) {
   const defs = svg(doc, "defs");
   const pat = svg(doc, "pattern", { id: "h3-hatch", width: 4, height: 4, patternUnits: "userSpaceOnUse",
                                     patternTransform: "rotate(45)" });
   pat.appendChild(svg(doc, "rect", { width: 4, height: 4, fill: "rgba(160,160,160,0.06)" }));
   pat.appendChild(svg(doc, "line", { x1: 0, y1: 0, x2: 0, y2: 4, stroke: "rgba(160,160,160,0.35)", "stroke-width": 1 }));
   defs.appendChild(pat);
-  root.appendChild(defs);
+  return defs;
+}
 
-  const hover = (text) => (onHover ? () => onHover(text) : null);
+function titled(doc, node, text) {
+  const t = svg(doc, "title");
+  t.textContent = text;
+  node.appendChild(t);
+  node.dataset.details = text; // what the details box shows on hover (no tooltip wait)
+  return node;
+}
+
+function label(doc, cls, x, y, text) {
+  const t = svg(doc, "text", { class: cls, x, y });
+  t.textContent = text;
+  return t;
+}
+
+/** SVG of a waterfall() geometry: every bar, context bar and gap carries its figures as a <title> and as
+ * `data-details`, and its label when it fits. */
+export function renderWaterfall(doc, geom) {
+  const root = svg(doc, "svg", { class: "h3-wf", width: geom.width, height: geom.height,
+                                 viewBox: `0 0 ${geom.width} ${geom.height}` });
+  if (geom.request_id) root.dataset.requestId = geom.request_id;
+  root.dataset.totalS = String(geom.total_s);
+  root.dataset.minBarWidth = String(geom.minBarWidth);
+  root.appendChild(hatch(doc));
   for (const lane of geom.lanes) {
     root.appendChild(svg(doc, "rect", { class: "h3-lane-bg", x: geom.plot.x0, y: lane.y, width: geom.plot.w,
                                         height: lane.h }));
-    const label = svg(doc, "text", { class: "h3-lane-label", x: 4, y: lane.y + lane.h / 2 });
-    label.textContent = lane.id;
-    root.appendChild(label);
+    root.appendChild(label(doc, "h3-lane-label", 4, lane.y + lane.h / 2, lane.id));
   }
   const gaps = svg(doc, "g", { class: "h3-gaps" });
   for (const g of geom.gaps) {
     const r = svg(doc, "rect", { class: "h3-gap", x: g.x, y: g.y + 2, width: g.w, height: g.h - 4 });
     r.dataset.lane = g.lane;
     r.dataset.durS = String(g.dur_s);
-    const t = svg(doc, "title");
-    t.textContent = g.title;
-    r.appendChild(t);
-    const h = hover(g.title);
-    if (h) r.addEventListener("mouseenter", h);
-    gaps.appendChild(r);
+    gaps.appendChild(titled(doc, r, g.title));
+    if (g.text) {
+      const t = label(doc, "h3-gap-label", g.x + 3, g.y + g.h / 2, g.text);
+      t.dataset.lane = g.lane;
+      gaps.appendChild(t);
+    }
   }
   root.appendChild(gaps);
+
+  const ctx = svg(doc, "g", { class: "h3-context" });
+  for (const c of geom.context) {
+    const g = svg(doc, "g", { class: `h3-ctx h3-ctx-${c.stage}` });
+    g.dataset.stage = c.stage;
+    g.dataset.lane = c.lane;
+    g.dataset.durS = String(c.dur_s);
+    titled(doc, g, c.title);
+    g.appendChild(svg(doc, "rect", { class: "h3-bar-rect", x: c.x, y: c.y + 1, width: c.w, height: c.h - 2, rx: 1.5 }));
+    if (c.text) g.appendChild(label(doc, "h3-gap-label", c.x + 3, c.y + c.h / 2, c.text));
+    ctx.appendChild(g);
+  }
+  root.appendChild(ctx);
 
   const bars = svg(doc, "g", { class: "h3-bars" });
   for (const b of geom.bars) {
@@ -169,9 +212,7 @@ export function renderWaterfall(doc, geom, { onHover } = {}) {
     g.dataset.start = String(b.start);
     g.dataset.end = String(b.end);
     g.dataset.durS = String(b.dur_s);
-    const t = svg(doc, "title");
-    t.textContent = b.title;
-    g.appendChild(t);
+    titled(doc, g, b.title);
     g.appendChild(svg(doc, "rect", { class: "h3-bar-rect", x: b.x, y: b.y, width: b.w, height: b.h, rx: 1.5 }));
     for (const s of b.segments) {
       const r = svg(doc, "rect", { class: `h3-seg h3-seg-${s.kind}`, x: s.x, y: b.y + b.h * 0.55, width: s.w,
@@ -180,20 +221,16 @@ export function renderWaterfall(doc, geom, { onHover } = {}) {
       r.dataset.seconds = String(s.seconds);
       g.appendChild(r);
     }
-    for (const k of b.ticks) {
-      const line = svg(doc, "line", { class: "h3-tick", x1: k.x, x2: k.x, y1: b.y + 2, y2: b.y + b.h - 2 });
-      line.dataset.step = String(k.step);
-      line.dataset.seconds = String(k.seconds);
-      g.appendChild(line);
+    if (b.ticks.length) {
+      // one path for all forwards: a 50-step denoise is one element, not fifty
+      // in the bar's lower third, so that its label above stays readable
+      const d = b.ticks.map((k) => `M${Math.round(k.x * 100) / 100} ${b.y + b.h * 0.65}V${b.y + b.h - 1.5}`).join("");
+      const path = svg(doc, "path", { class: "h3-tick", d });
+      path.dataset.steps = String(b.ticks.length);
+      path.dataset.seconds = b.ticks.map((k) => k.seconds).join(";");
+      g.appendChild(path);
     }
-    if (b.w > 48) {
-      const label = svg(doc, "text", { class: "h3-bar-label", x: b.x + 3, y: b.y + b.h / 2, fill: "#fff",
-                                       "font-size": 10, "dominant-baseline": "middle", "pointer-events": "none" });
-      label.textContent = `${b.label} ${fmtSeconds(b.dur_s)}`;
-      g.appendChild(label);
-    }
-    const h = hover(b.title);
-    if (h) g.addEventListener("mouseenter", h);
+    if (b.text) g.appendChild(label(doc, "h3-bar-label", b.x + 3, b.y + b.h / 2, b.text));
     bars.appendChild(g);
   }
   root.appendChild(bars);
@@ -203,12 +240,46 @@ export function renderWaterfall(doc, geom, { onHover } = {}) {
   axis.appendChild(svg(doc, "line", { x1: geom.plot.x0, x2: geom.plot.x1, y1: ay, y2: ay }));
   for (const a of geom.axis) {
     axis.appendChild(svg(doc, "line", { x1: a.x, x2: a.x, y1: ay, y2: ay + 3 }));
-    const text = svg(doc, "text", { x: a.x, y: ay + 12, "text-anchor": a.t === 0 ? "start" : "middle" });
+    if (!a.label) continue;
+    const text = svg(doc, "text", { x: a.x, y: ay + 12, "text-anchor": a.anchor });
     text.textContent = a.label;
     axis.appendChild(text);
   }
   root.appendChild(axis);
   return root;
+}
+
+/** The legend: what each colour, pattern and outline of the waterfall means (LEGEND of h3_timeline.js). */
+export function renderLegend(doc) {
+  const box = el(doc, "div", "h3-legend");
+  box.dataset.h3 = "legend";
+  for (const item of LEGEND) {
+    const key = el(doc, "span", "h3-key");
+    key.dataset.key = item.key;
+    const sw = svg(doc, "svg", { class: "h3-wf h3-swatch", width: 18, height: 10, viewBox: "0 0 18 10" });
+    if (item.kind === "bar") {
+      const g = svg(doc, "g", { class: item.key === "context" ? "h3-ctx" : `h3-bar ${item.cls}` });
+      g.appendChild(svg(doc, "rect", { class: "h3-bar-rect", x: 0.5, y: 0.5, width: 17, height: 9, rx: 1.5 }));
+      sw.appendChild(g);
+    } else if (item.kind === "seg") {
+      sw.appendChild(svg(doc, "rect", { class: `h3-seg ${item.cls}`, x: 0.5, y: 0.5, width: 17, height: 9 }));
+    } else if (item.key === "gap") {
+      sw.appendChild(hatch(doc));
+      sw.appendChild(svg(doc, "rect", { class: "h3-gap", x: 0.5, y: 0.5, width: 17, height: 9 }));
+    } else if (item.key === "tick") {
+      const g = svg(doc, "g", { class: "h3-bar h3-stage-denoise" });
+      g.appendChild(svg(doc, "rect", { class: "h3-bar-rect", x: 0.5, y: 0.5, width: 17, height: 9, rx: 1.5 }));
+      g.appendChild(svg(doc, "path", { class: "h3-tick", d: "M6 2V8M12 2V8" }));
+      sw.appendChild(g);
+    } else {
+      const g = svg(doc, "g", { class: `h3-bar h3-stage-denoise ${item.cls}` });
+      g.appendChild(svg(doc, "rect", { class: "h3-bar-rect", x: 0.5, y: 0.5, width: 17, height: 9, rx: 1.5 }));
+      sw.appendChild(g);
+    }
+    key.append(sw, el(doc, "span", "", item.label));
+    box.appendChild(key);
+  }
+  return box;
 }
 
 // ------------------------------------------------------------------------------------------------ status
@@ -229,20 +300,14 @@ export function renderStatus(root, m) {
   head.appendChild(el(doc, "span", "", `cluster: ${m.cluster || "–"}`));
   kids.push(head);
   for (const r of m.roles) {
+    const t = roleText(r);
     const row = el(doc, "div", "h3-role");
     row.dataset.role = r.role;
-    const bits = [r.ip ?? "?"];
-    if (r.node_id) bits.push(shortId(r.node_id, 8));
-    if (r.device) bits.push([r.device, r.dtype, r.attention_backend].filter(Boolean).join(" "));
-    if (r.role === "B" && r.partition) bits.push(`partition ${r.partition}`);
-    if (r.busy !== null && r.busy !== undefined) bits.push(r.busy ? "busy" : "idle");
-    if (r.uptime_s !== null) bits.push(`up ${fmtSeconds(r.uptime_s)}`);
-    if (r.memory) bits.push(r.memory);
-    const health = r.healthy === null ? "?" : r.healthy ? "ok" : "unhealthy";
+    row.dataset.state = t.state;
     row.appendChild(el(doc, "b", "", `${r.role} `));
-    row.appendChild(el(doc, "span", r.healthy ? "h3-ok" : "h3-mismatch", `${health} `));
-    row.appendChild(el(doc, "span", "h3-role-ip", bits.join(" · ")));
-    row.title = JSON.stringify(r, null, 1);
+    row.appendChild(el(doc, "span", t.cls, `${t.state} `));
+    row.appendChild(el(doc, "span", "h3-role-ip", t.text));
+    row.title = t.title;
     kids.push(row);
     const vers = Object.entries(r.versions || {}).map(([k, v]) => `${k} ${v}`).join(" · ");
     if (vers) {
@@ -274,8 +339,12 @@ export function renderStatus(root, m) {
 
 // ------------------------------------------------------------------------------------------------ panel
 
+const DETAILS_HINT = "Point at a bar for its figures (every bar's label and the totals above read without it).";
+
 /**
- * The timeline panel: header with buttons, cluster status, hover line and one waterfall per request.
+ * The timeline panel: header with buttons, cluster status, legend, a details box (fixed height: what the pointer is
+ * on; pointing never moves the rows) and one waterfall per request, each headed by its workflow, its place in a
+ * batch, its request id and its wall time split into parts that add up to it.
  * `handlers`: {refresh(), exportJSON(), exportCSV()} (each may return a promise).
  */
 export class TimelinePanel {
@@ -284,14 +353,16 @@ export class TimelinePanel {
     this.handlers = handlers;
     this._cache = new Map(); // request id -> {key, node}
     this._width = 0;
+    this._detailsText = "";
+    this._detailsFrame = null;
     const root = el(doc, "div", "h3-panel");
     root.dataset.h3 = "panel";
     const head = el(doc, "div", "h3-panel-head");
     head.appendChild(el(doc, "span", "h3-title", "H3 timings"));
-    for (const [name, label, title] of [["refresh", "Refresh", "Re-read /h3/status and /h3/timings"],
-                                        ["exportJSON", "JSON", "Export /h3/timings as JSON"],
-                                        ["exportCSV", "CSV", "Export /h3/timings as CSV"]]) {
-      const b = el(doc, "button", `h3-btn h3-btn-${name}`, label);
+    for (const [name, text, title] of [["refresh", "Refresh", "Re-read /h3/status and /h3/timings"],
+                                       ["exportJSON", "JSON", "Export /h3/timings as JSON"],
+                                       ["exportCSV", "CSV", "Export /h3/timings as CSV"]]) {
+      const b = el(doc, "button", `h3-btn h3-btn-${name}`, text);
       b.type = "button";
       b.title = title;
       b.dataset.action = name;
@@ -300,11 +371,30 @@ export class TimelinePanel {
     }
     this.message = el(doc, "div", "h3-message");
     this.status = el(doc, "div", "h3-status");
-    this.hover = el(doc, "div", "h3-hover", "Hover a bar for its figures.");
+    this.legend = renderLegend(doc);
+    this.details = el(doc, "div", "h3-details", DETAILS_HINT);
+    this.hover = this.details; // the name older callers used
     this.list = el(doc, "div", "h3-requests");
-    root.append(head, this.message, this.status, this.hover, this.list);
+    // one listener for every bar: the details box follows the pointer, at most once per frame
+    this.list.addEventListener("pointerover", (e) => {
+      const target = e.target?.closest?.("[data-details]");
+      if (target) this._showDetails(target.dataset.details);
+    });
+    root.append(head, this.message, this.status, this.legend, this.details, this.list);
     this.el = root;
     this.setMessage("");
+  }
+
+  _showDetails(text) {
+    if (!text || text === this._detailsText) return;
+    this._detailsText = text;
+    const win = this.doc.defaultView;
+    if (this._detailsFrame !== null) return;
+    const apply = () => {
+      this._detailsFrame = null;
+      if (this.details.textContent !== this._detailsText) this.details.textContent = this._detailsText;
+    };
+    this._detailsFrame = win?.requestAnimationFrame ? win.requestAnimationFrame(apply) : (apply(), null);
   }
 
   _run(name) {
@@ -329,67 +419,101 @@ export class TimelinePanel {
 
   /** Redraws the request list from an H3Store; unchanged requests keep their SVG. */
   setRequests(store, { warnShare = 0.1, width = null } = {}) {
-    const w = Math.max(320, Math.round(width ?? (this.el.clientWidth ? this.el.clientWidth - 16 : 640)));
-    if (Math.abs(w - this._width) > 16) {
+    const measured = this.list.clientWidth || (this.el.clientWidth ? this.el.clientWidth - 12 : 0);
+    const w = Math.max(280, Math.round(width ?? (measured || 640)));
+    if (Math.abs(w - this._width) > 24) {
       this._width = w;
       this._cache.clear();
     }
     const reqs = store.requestList();
     const nodes = [];
     const seen = new Set();
+    // a row also shows the records without a request inside it and what other requests ran meanwhile
+    let records = 0;
+    for (const r of reqs) records += r.records.length;
+    const loadsKey = `${records}|${store.loads.length ? `${store.loads.length}:${store.loads[store.loads.length - 1].end}` : "0"}`;
     for (const req of reqs) {
       seen.add(req.request_id);
-      const key = `${req.version}|${req.state}|${warnShare}|${this._width}`;
+      const name = store.promptNames.get(req.run_prompt ?? req.prompt_id ?? "") ?? "";
+      const key = `${req.version}|${req.state}|${warnShare}|${this._width}|${loadsKey}|${name}`;
       let entry = this._cache.get(req.request_id);
       if (!entry || entry.key !== key) {
-        entry = { key, node: this._renderRequest(req, warnShare) };
+        entry = { key, node: this._renderRequest(req, warnShare, store, name) };
         this._cache.set(req.request_id, entry);
       }
       nodes.push(entry.node);
     }
     for (const k of [...this._cache.keys()]) if (!seen.has(k)) this._cache.delete(k);
     if (!nodes.length) nodes.push(el(this.doc, "div", "h3-empty", "No H3 requests yet."));
-    this.list.replaceChildren(...nodes);
+    const same = nodes.length === this.list.childNodes.length && nodes.every((n, i) => this.list.childNodes[i] === n);
+    if (!same) this.list.replaceChildren(...nodes);
   }
 
-  _renderRequest(req, warnShare) {
+  _renderRequest(req, warnShare, store, name) {
     const doc = this.doc;
     const box = el(doc, "div", "h3-request");
     box.dataset.requestId = req.request_id;
     box.dataset.state = req.state;
-    const s = requestSummary(req);
-    const geom = waterfall(req, { width: this._width || 640 });
+    const context = store?.loads ?? [];
+    const s = requestSummary(req, { context });
+    const others = [];
+    for (const other of store?.requests?.values?.() ?? []) if (other !== req) others.push(...other.records);
+    const geom = waterfall(req, { width: this._width || 640 }, { context, others });
     const head = el(doc, "div", "h3-req-head");
-    head.appendChild(el(doc, "span", "h3-req-id", `req ${shortId(req.request_id, 8)}`));
+    const title = requestName(req, name, store);
+    head.appendChild(el(doc, "span", "h3-req-name", title));
+    const batch = batchText(req.batch);
     const bits = []; // [text, cls]
+    if (batch) bits.push([batch, "h3-req-batch"]);
+    bits.push([`req ${shortId(req.request_id, 8)}`, "h3-req-id"]);
     const total = Math.max(s.total_s ?? 0, geom.total_s ?? 0); // a running denoise extends the request
-    if (total > 0) bits.push([`total ${fmtSeconds(total)}`, ""]);
-    for (const stage of ["encode", "denoise", "decode"]) {
-      if (s.stages[stage] !== undefined) bits.push([`${stage} ${fmtSeconds(s.stages[stage])}`, ""]);
-    }
-    if (s.steps && s.steps.count) bits.push([`${s.steps.count} steps`, ""]);
+    if (total > 0) bits.push([`total ${fmtSeconds(total)}`, "h3-req-total"]);
+    if (s.steps && s.steps.count) bits.push([`${s.steps.count} forwards`, ""]);
     const slow = [];
     for (const dir of ["a_to_b", "b_to_a"]) {
       const t = s.transfers[dir];
       if (!t) continue;
       const isSlow = t.share !== null && t.share > warnShare;
-      if (isSlow) slow.push(dir);
-      bits.push([`${stageLabel(dir)} ${fmtSeconds(t.receive_s)}${t.share !== null ? ` (${fmtPercent(t.share)})` : ""}` +
-                 `${isSlow ? " ⚠" : ""}`, isSlow ? "h3-xfer h3-slow" : "h3-xfer"]);
+      if (isSlow) {
+        slow.push(dir);
+        bits.push([`${stageLabel(dir)} ${fmtSeconds(t.receive_s)} (${fmtPercent(t.share)}) ⚠`, "h3-xfer h3-slow"]);
+      }
     }
     if (req.state !== "done") bits.push([req.state, `h3-req-state h3-req-${req.state}`]);
     for (const [text, cls] of bits) {
       head.appendChild(el(doc, "span", "h3-sep", " · "));
       head.appendChild(el(doc, "span", cls, text));
     }
-    head.title = `request ${req.request_id}${req.prompt_id ? `\nprompt ${req.prompt_id}` : ""}\n` +
+    head.title = `request ${req.request_id}${req.run_prompt ?? req.prompt_id ? `\nprompt ${req.run_prompt ?? req.prompt_id}` : ""}\n` +
       [...req.nodes.entries()].map(([id, t]) => `node ${id}: ${t}`).join("\n");
     box.dataset.slow = slow.join(" ");
     box.appendChild(head);
+    // the wall time in parts that add up to the total (overlaps counted once), readable without pointing
+    if (s.breakdown.length && req.state === "done") {
+      const sum = el(doc, "div", "h3-req-sum");
+      sum.dataset.totalS = String(s.total_s);
+      sum.textContent = `= ${s.breakdown.map((p) => `${p.label} ${fmtSeconds(p.seconds)}`).join(" + ")}`;
+      for (const p of s.breakdown) sum.dataset[`part_${p.label.replace(/[^a-z0-9]+/gi, "_")}`] = String(p.seconds);
+      box.appendChild(sum);
+    }
+    if (s.cached.length) {
+      const c = el(doc, "div", "h3-req-sum h3-req-cached",
+                   `cached from an earlier run: ${s.cached.map((x) => `${stageLabel(x.stage)} ${fmtSeconds(x.seconds)}`).join(", ")}`);
+      box.appendChild(c);
+    }
     for (const b of geom.bars) b.slow = slow.includes(b.stage);
-    box.appendChild(renderWaterfall(doc, geom, { onHover: (text) => { this.hover.textContent = text; } }));
+    box.appendChild(renderWaterfall(doc, geom));
     return box;
   }
+}
+
+/** What a request's row is called: the workflow it was queued from, else the kind of run its encode reported. */
+export function requestName(req, promptName = "", store = null) {
+  // a re-run on the same encoded conditioning (`<id>.2`) has no encode of its own: its first run's kind is its kind
+  const base = /^(.+?)\.\d+$/.exec(req?.request_id ?? "")?.[1];
+  const workflow = req?.workflow ?? (base ? store?.request(base, { create: false })?.workflow : null) ?? null;
+  if (promptName && workflow) return `${promptName} (${workflow})`;
+  return promptName || workflow || "request";
 }
 
 // ------------------------------------------------------------------------------------------------ helpers

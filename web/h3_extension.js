@@ -15,9 +15,10 @@
 
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { READOUT_LINE_PX, READOUT_PAD_PX, readoutHeight, readoutModel } from "./h3_readout.js";
+import { statusModel } from "./h3_status.js";
 import {
-  B_MODEL_NODE_TYPE, bModelsFrom, DEFAULT_WARN_PERCENT, H3Store, isH3NodeType, MODEL_WIDGET, readoutModel, sameChoices,
-  statusModel,
+  B_MODEL_NODE_TYPE, bModelsFrom, DEFAULT_WARN_PERCENT, H3Store, isH3NodeType, MODEL_WIDGET, sameChoices,
 } from "./h3_view.js";
 import {
   createFloatingPanel, createReadoutElement, downloadText, ensureStyles, renderReadout, TimelinePanel,
@@ -29,9 +30,11 @@ const SIDEBAR_ID = "comfy-h3-timeline";
 const WIDGET_NAME = "h3_timing";
 const STATUS_MIN_INTERVAL_MS = 3000;
 const TIMINGS_MIN_INTERVAL_MS = 1000;
+const HISTORY_ITEMS = 16; // prompts read from ComfyUI's history when the panel opens (each holds its whole workflow)
 
 const store = new H3Store();
 const readouts = new Map(); // graph node -> readout element
+const reserved = new WeakMap(); // readout element -> the height it holds on its node (CSS px = canvas units)
 const panels = new Set(); // the sidebar panel and/or the floating one; made once, never dropped
 let sidebarPanel = null; // reused across the frontend's render(el) calls
 let sidebarContainer = null; // the element the frontend last handed to render()
@@ -86,6 +89,37 @@ function nodeClass(node) {
 function renderNode(node, el) {
   const model = readoutModel(store, node.id, { warnShare: warnShare(), nodeType: nodeClass(node) });
   renderReadout(el, model);
+  if (el.isConnected) fitReadout(node, el);
+}
+
+/**
+ * The readout keeps the height its node type reserved when the node was made (the templates leave room for it), so
+ * a run never grows the node over its neighbour. Text that still needs more room is never cut: the readout and its
+ * node grow by the lines it lacks.
+ */
+function reserve(el, height) {
+  reserved.set(el, height);
+  el.style.height = `${height}px`;
+  el.style.minHeight = `${height}px`;
+  el.style.maxHeight = `${height}px`;
+}
+
+function fitReadout(node, el) {
+  const have = reserved.get(el);
+  if (!have || !el.clientHeight) return; // not laid out (collapsed node, hidden widget, zoomed out)
+  const need = el.scrollHeight;
+  if (need <= el.clientHeight + 1) return;
+  const lines = Math.ceil((need - READOUT_PAD_PX) / READOUT_LINE_PX);
+  reserve(el, lines * READOUT_LINE_PX + READOUT_PAD_PX);
+  try {
+    if (Array.isArray(node.size) && typeof node.computeSize === "function" && typeof node.setSize === "function") {
+      const want = node.computeSize();
+      node.setSize([Math.max(node.size[0], want[0]), Math.max(node.size[1], want[1])]);
+    }
+    app.canvas?.setDirty?.(true, true);
+  } catch {
+    /* sizing is cosmetic */
+  }
 }
 
 function renderNodes() {
@@ -99,14 +133,16 @@ function renderNodes() {
 }
 
 function attach(node) {
+  syncWorkflow(); // a node made by loading another workflow shows that workflow's state
   if (state.bModels && nodeClass(node) === B_MODEL_NODE_TYPE) safe(setModelChoices)(node, state.bModels);
   if (!node || readouts.has(node) || !isH3NodeType(nodeClass(node))) return;
   if (typeof node.addDOMWidget !== "function") return;
   if (node.widgets?.some?.((w) => w?.name === WIDGET_NAME)) return;
   const el = createReadoutElement(document);
-  const tall = nodeClass(node) === "H3RemoteDenoise"; // its figure line wraps on a narrow node
+  reserve(el, readoutHeight(nodeClass(node)));
+  const height = () => reserved.get(el) ?? readoutHeight(nodeClass(node));
   const widget = node.addDOMWidget(WIDGET_NAME, "h3_readout", el, {
-    serialize: false, hideOnZoom: false, getMinHeight: () => (tall ? 64 : 40), getMaxHeight: () => (tall ? 84 : 56),
+    serialize: false, hideOnZoom: false, getMinHeight: height, getMaxHeight: height,
   });
   if (widget && typeof widget === "object") widget.serialize = false; // keep it out of widgets_values
   readouts.set(node, el);
@@ -219,7 +255,7 @@ function changed() {
 
 function newPanel() {
   const panel = new TimelinePanel(document, {
-    refresh: () => Promise.all([refreshStatus(true), refreshTimings(true)]),
+    refresh: () => Promise.all([refreshStatus(true), refreshTimings(true, true)]),
     exportJSON: () => exportTimings("json"),
     exportCSV: () => exportTimings("csv"),
   });
@@ -256,7 +292,7 @@ function mountSidebar(container) {
   renderPanels(); // draws now, attached or not
   schedulePanels(); // and again once the frontend has put `el` in the page (real width)
   refreshStatus(reopened);
-  refreshTimings(reopened);
+  refreshTimings(reopened, reopened);
 }
 
 // ------------------------------------------------------------------------------------------------ routes
@@ -302,11 +338,17 @@ function refreshStatus(force = false) {
 
 let timingsInflight = null;
 let timingsLast = 0;
-function refreshTimings(force = false) {
+function refreshTimings(force = false, withHistory = false) {
   if (timingsInflight) return timingsInflight;
   if (!force && Date.now() - timingsLast < TIMINGS_MIN_INTERVAL_MS) return Promise.resolve();
   timingsLast = Date.now();
-  timingsInflight = getJSON("/h3/timings")
+  // ComfyUI's history first (the prompts that carried each record), then the pack's own list of records
+  const history = withHistory ? getJSON(`/history?max_items=${HISTORY_ITEMS}`).catch(() => null) : Promise.resolve(null);
+  timingsInflight = history
+    .then((h) => {
+      if (h && store.ingestHistory(h)) changed();
+      return getJSON("/h3/timings");
+    })
     .then((data) => {
       if (store.ingestRecords(data)) changed();
     })
@@ -337,8 +379,16 @@ async function exportTimings(format) {
 
 // ------------------------------------------------------------------------------------------------ events
 
+/** The store follows the workflow on screen (checked before each event: the frontend switches tabs on its own). */
+function syncWorkflow() {
+  return store.setActiveWorkflow(activeWorkflowName());
+}
+
 function listen() {
-  const on = (type, fn) => api.addEventListener(type, safe(fn));
+  const on = (type, fn) => api.addEventListener(type, safe((e) => {
+    if (syncWorkflow()) renderNodes();
+    return fn(e);
+  }));
   on("h3.timing", (e) => {
     offerBModels(e.detail);
     if (store.ingestTiming(e.detail)) changed();
@@ -379,9 +429,45 @@ function listen() {
   on("reconnected", () => {
     state.reconnecting = false;
     refreshStatus(true);
-    refreshTimings(true);
+    refreshTimings(true, true);
     schedulePanels();
   });
+}
+
+// ------------------------------------------------------------------------------------------------ workflow names
+
+/** The name of the workflow on screen (its tab's name, e.g. `h3_t2va_turbo.json`), or null. */
+function activeWorkflowName() {
+  try {
+    const wf = app.extensionManager?.workflow?.activeWorkflow ?? null;
+    const name = wf?.key ?? (wf?.filename ? `${wf.filename}.json` : null) ?? wf?.path?.split("/").pop() ?? null;
+    return typeof name === "string" && name ? name : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Names each prompt after the workflow it was queued from: both frontends queue through api.queuePrompt, whose
+ * answer holds the prompt id. The name is read when the prompt is queued (the user may switch tabs before it runs).
+ */
+function nameQueuedPrompts() {
+  const original = api.queuePrompt;
+  if (typeof original !== "function" || original.__h3Named) return;
+  const named = async function h3QueuePrompt(...args) {
+    const name = activeWorkflowName();
+    const res = await original.apply(this, args);
+    try {
+      if (name && res && typeof res === "object" && res.prompt_id && store.setPromptName(res.prompt_id, name)) {
+        schedulePanels();
+      }
+    } catch (e) {
+      warn(e);
+    }
+    return res;
+  };
+  named.__h3Named = true;
+  api.queuePrompt = named;
 }
 
 // ------------------------------------------------------------------------------------------------ registration
@@ -402,6 +488,7 @@ app.registerExtension({
   setup: safe(function setup() {
     ensureStyles(document);
     listen();
+    nameQueuedPrompts();
     const em = app.extensionManager;
     if (em && typeof em.registerSidebarTab === "function") {
       em.registerSidebarTab({
@@ -422,13 +509,24 @@ app.registerExtension({
       box.addEventListener("h3-open", safe(() => {
         renderPanels();
         refreshStatus(true);
-        refreshTimings(true);
+        refreshTimings(true, true);
       }));
     }
+    syncWorkflow();
     for (const node of graphNodes()) attach(node);
     refreshStatus(true);
-    refreshTimings(true);
+    refreshTimings(true, true);
     schedulePanels();
+  }),
+  // another workflow on screen (a tab, an opened file): its readouts show its own nodes' states
+  // (the frontend names the new active workflow once the graph is configured: checked again right after)
+  afterConfigureGraph: safe(() => {
+    const check = safe(() => {
+      if (syncWorkflow()) changed();
+    });
+    check();
+    setTimeout(check, 0);
+    setTimeout(check, 120);
   }),
   nodeCreated: safe((node) => attach(node)),
   loadedGraphNode: safe((node) => attach(node)),

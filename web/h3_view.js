@@ -14,7 +14,7 @@
 export const H3_NODES = Object.freeze({
   H3LoadEncoders: { verb: "load", machine: "A" },
   H3RemoteDiT: { verb: "connect", machine: "B" },
-  H3LoRA: { verb: "lora", machine: "A" },
+  H3LoRA: { verb: "lora", machine: "B" },
   H3Keyframes: { verb: "keyframes", machine: "A" },
   H3References: { verb: "references", machine: "A" },
   H3PromptList: { verb: "prompts", machine: "A" },
@@ -32,12 +32,16 @@ export const DEFAULT_WARN_SHARE = DEFAULT_WARN_PERCENT / 100;
 /** How many requests the timeline keeps. */
 export const MAX_REQUESTS = 20;
 /** How many records without a request id (load, connect) are kept. */
-export const MAX_LOADS = 20;
+export const MAX_LOADS = 40;
+/** The stages that make a request's run: the prompt whose events carried them is the run's prompt. */
+const RUN_STAGES = ["a_to_b", "denoise", "b_to_a"];
 
-export const STAGE_ORDER = Object.freeze(["load", "connect", "encode", "a_to_b", "denoise", "b_to_a", "decode", "save"]);
+export const STAGE_ORDER = Object.freeze(["load", "connect", "lora", "prompts", "keyframes", "references", "encode",
+                                          "a_to_b", "denoise", "b_to_a", "decode", "save"]);
 export const TRANSFER_STAGES = Object.freeze(["a_to_b", "b_to_a"]);
 const STAGE_LABEL = { a_to_b: "A->B", b_to_a: "B->A" };
-const STAGE_MACHINE = { load: "A", connect: "B", encode: "A", a_to_b: "B", denoise: "B", b_to_a: "A", decode: "A", save: "A" };
+const STAGE_MACHINE = { load: "A", connect: "B", lora: "B", prompts: "A", keyframes: "A", references: "A", encode: "A",
+                        a_to_b: "B", denoise: "B", b_to_a: "A", decode: "A", save: "A" };
 
 /** What each node type's own compute is called in its readout. */
 export const NODE_VERB = Object.freeze(Object.fromEntries(Object.entries(H3_NODES).map(([k, v]) => [k, v.verb])));
@@ -167,11 +171,13 @@ function parseSteps(steps) {
 /** A StageRecord (event payload, JSON route or CSV row) with numbers as numbers; null when it is not one. */
 export function normalizeRecord(r) {
   if (!r || typeof r !== "object" || typeof r.stage !== "string" || r.stage === "") return null;
+  if (NORMALIZED.has(r)) return r; // already on A's clock: shifting it again would move it twice
+
   const fetch_s = num(r.fetch_s) ?? 0;
   const materialize_s = num(r.materialize_s) ?? 0;
   const bytes = parseBytes(r.bytes) ?? {};
   const rid = r.request_id;
-  return {
+  const out = {
     request_id: rid === null || rid === undefined || rid === "" ? null : String(rid),
     stage: r.stage,
     machine: r.machine === "A" || r.machine === "B" ? r.machine : defaultMachine(r.stage),
@@ -196,17 +202,21 @@ export function normalizeRecord(r) {
     rank: Number.isInteger(r.info?.rank) && num(r.info?.world) >= 2 ? r.info.rank : null,
     world: Number.isInteger(r.info?.rank) && num(r.info?.world) >= 2 ? r.info.world : null,
     comm_s: num(r.info?.comm_s),
+    info: r.info && typeof r.info === "object" ? r.info : null,
   };
+  NORMALIZED.add(out);
+  return out;
 }
+const NORMALIZED = new WeakSet();
 
-/** The parallel-denoise line of a readout: each rank's machine and step time, the communication share, the
+/** The parallel-denoise line of a readout: each rank's machine and time per forward, the communication share, the
  * method (`summary.ran.ranks` of a DiT group's denoise), or null for a one-worker denoise. */
 export function ranksLine(summary) {
   const ranks = Array.isArray(summary?.ran?.ranks) ? summary.ran.ranks : null;
   if (!ranks || ranks.length < 2) return null;
   const shares = ranks.map((r) => num(r.comm_share)).filter((x) => x !== null);
   const comm = shares.length ? shares.reduce((a, b) => a + b, 0) / shares.length : null;
-  const parts = ranks.map((r) => `${r.machine === "A" || r.machine === "B" ? r.machine : "?"} ${fmtSeconds(r.step_s)}/step`);
+  const parts = ranks.map((r) => `${r.machine === "A" || r.machine === "B" ? r.machine : "?"} ${fmtSeconds(r.step_s)}/forward`);
   return `${ranks.length} ranks (${summary.ran.method ?? "ulysses"}): ${parts.join(", ")}` +
     (comm !== null ? ` · comm ${fmtPercent(comm)}` : "");
 }
@@ -260,6 +270,42 @@ export function progressSteps(progress) {
     .sort((a, b) => a.step - b.step);
 }
 
+/** A batch position `[k, N]` (1 <= k <= N), else null. */
+export function batchOf(b) {
+  if (!Array.isArray(b) || b.length !== 2) return null;
+  const [k, n] = b.map(num);
+  return k !== null && n !== null && Number.isInteger(k) && Number.isInteger(n) && k >= 1 && k <= n ? [k, n] : null;
+}
+
+/** The `preview` of an h3.progress event: `{step, width, height, bytes}`, else null. */
+export function previewOf(p) {
+  if (!p || typeof p !== "object") return null;
+  const width = num(p.width);
+  const height = num(p.height);
+  if (width === null || height === null) return null;
+  return { step: num(p.step), width, height, bytes: num(p.bytes) };
+}
+
+/**
+ * The records of a request's own run: without those that arrived with another prompt's events than the one that
+ * ran its denoise (ComfyUI re-sends a cached node's output with the earlier prompt's payload: a cached encode ran
+ * in an earlier prompt and must not stretch this run's row).
+ */
+export function runRecords(req) {
+  if (!req || !Array.isArray(req.records)) return [];
+  if (!req.run_prompt || !req.record_prompts?.size) return req.records;
+  return req.records.filter((r) => {
+    const pid = req.record_prompts.get(recordKey(r));
+    return !pid || pid === req.run_prompt;
+  });
+}
+
+/** The records of a request that ran in an earlier prompt (a cached encode), see runRecords(). */
+export function cachedRecords(req) {
+  const own = new Set(runRecords(req));
+  return (req?.records ?? []).filter((r) => !own.has(r));
+}
+
 // ------------------------------------------------------------------------------------------------ the store
 
 function nodeKey(id) {
@@ -274,13 +320,28 @@ export class H3Store {
   constructor({ maxRequests = MAX_REQUESTS, maxLoads = MAX_LOADS } = {}) {
     this.maxRequests = maxRequests;
     this.maxLoads = maxLoads;
-    this.nodes = new Map(); // node id (string) -> node state
+    this.nodes = new Map(); // node id (string) -> node state, of the workflow on screen
+    this.activeWorkflow = null; // its name (the frontend's tab), when known
+    this._workflowNodes = new Map(); // name -> node states of a workflow not on screen
     this.requests = new Map(); // request id -> request aggregate
     this.loads = []; // records without a request id (load, connect)
     this._loadKeys = new Set();
     this.promptId = null;
+    this.promptNames = new Map(); // prompt id -> the workflow's name when the page queued it
     this.version = 0;
     this._seq = 0;
+  }
+
+  /** The name of the workflow a prompt was queued from (the frontend knows it when it queues). */
+  setPromptName(promptId, name) {
+    if (!promptId || typeof name !== "string" || !name.trim()) return false;
+    const key = String(promptId);
+    if (this.promptNames.get(key) === name) return false;
+    this.promptNames.set(key, name.trim());
+    while (this.promptNames.size > 4 * this.maxRequests) this.promptNames.delete(this.promptNames.keys().next().value);
+    for (const req of this.requests.values()) if (req.run_prompt === key || req.prompt_id === key) req.version += 1;
+    this._bump();
+    return true;
   }
 
   _bump() {
@@ -289,14 +350,42 @@ export class H3Store {
     return this._seq;
   }
 
+  /**
+   * The workflow on screen changed (another tab, another file opened): node ids are per workflow, so the readouts
+   * show that workflow's own node states (kept while it was not on screen), not another graph's with the same ids.
+   */
+  setActiveWorkflow(name) {
+    const next = typeof name === "string" && name ? name : null;
+    if (next === this.activeWorkflow) return false;
+    if (this.activeWorkflow !== null) this._workflowNodes.set(this.activeWorkflow, this.nodes);
+    this.nodes = (next !== null && this._workflowNodes.get(next)) || new Map();
+    if (next !== null) this._workflowNodes.delete(next);
+    while (this._workflowNodes.size > 16) this._workflowNodes.delete(this._workflowNodes.keys().next().value);
+    this.activeWorkflow = next;
+    this._bump();
+    return true;
+  }
+
+  /** The node states an event of `promptId` updates: those of the workflow it was queued from. */
+  _nodesFor(promptId) {
+    const name = promptId ? this.promptNames.get(String(promptId)) : undefined;
+    if (!name || this.activeWorkflow === null || name === this.activeWorkflow) return this.nodes;
+    let map = this._workflowNodes.get(name);
+    if (!map) {
+      map = new Map();
+      this._workflowNodes.set(name, map);
+    }
+    return map;
+  }
+
   /** The state of a node, created on first use. */
-  node(id) {
+  node(id, map = this.nodes) {
     const key = nodeKey(id);
-    let ns = this.nodes.get(key);
+    let ns = map.get(key);
     if (!ns) {
       ns = { id: key, node_type: null, state: "idle", prompt_id: null, request_id: null, timing: null,
              progress: null, error: null, seq: 0 };
-      this.nodes.set(key, ns);
+      map.set(key, ns);
     }
     return ns;
   }
@@ -320,16 +409,20 @@ export class H3Store {
     const key = String(rid);
     let req = this.requests.get(key);
     if (!req && create) {
-      req = { request_id: key, prompt_id: null, records: [], keys: new Set(), nodes: new Map(), progress: null,
-              state: "running", error: null, seq: this._bump(), version: 0 };
+      // run_prompt: the prompt that ran the request's denoise; record_prompts: record key -> the prompt whose event
+      // carried it (a cached encode arrives again with the earlier prompt's id: it is not part of this run)
+      req = { request_id: key, prompt_id: null, run_prompt: null, record_prompts: new Map(), workflow: null,
+              batch: null, records: [], keys: new Set(), nodes: new Map(), progress: null, state: "running",
+              error: null, seq: this._bump(), version: 0 };
       this.requests.set(key, req);
       this._trim();
     }
     return req ?? null;
   }
 
-  _addRecords(req, records) {
+  _addRecords(req, records, promptId = null) {
     let added = 0;
+    const pid = promptId === null || promptId === undefined || promptId === "" ? null : String(promptId);
     for (const raw of records) {
       const rec = normalizeRecord(raw);
       if (!rec) continue;
@@ -345,6 +438,13 @@ export class H3Store {
       const target = req && rec.request_id === req.request_id ? req : this.request(rec.request_id);
       if (!target) continue;
       const k = recordKey(rec);
+      if (pid !== null && !target.record_prompts.has(k)) {
+        target.record_prompts.set(k, pid);
+        if (RUN_STAGES.includes(rec.stage) && target.run_prompt !== pid) {
+          target.run_prompt = pid;
+          target.version += 1;
+        }
+      }
       if (target.keys.has(k)) continue;
       target.keys.add(k);
       target.records.push(rec);
@@ -381,7 +481,7 @@ export class H3Store {
   requestSpan(rid) {
     const req = typeof rid === "object" && rid !== null ? rid : this.request(rid, { create: false });
     if (!req) return null;
-    const timed = req.records.filter((r) => r.start !== null && r.end !== null);
+    const timed = runRecords(req).filter((r) => r.start !== null && r.end !== null);
     if (!timed.length) return null;
     const t0 = Math.min(...timed.map((r) => r.start));
     const t1 = Math.max(...timed.map((r) => r.end));
@@ -392,7 +492,7 @@ export class H3Store {
   executionStart(data) {
     const pid = data && typeof data === "object" ? data.prompt_id ?? null : null;
     this.promptId = pid;
-    for (const ns of this.nodes.values()) {
+    for (const ns of this._nodesFor(pid).values()) {
       if (ns.state !== "idle") ns.state = "stale";
     }
     this._bump();
@@ -400,8 +500,9 @@ export class H3Store {
 
   executionCached(data) {
     const ids = data && Array.isArray(data.nodes) ? data.nodes : [];
+    const map = this._nodesFor(data?.prompt_id ?? this.promptId);
     for (const id of ids) {
-      const ns = this.nodes.get(nodeKey(id));
+      const ns = map.get(nodeKey(id));
       if (ns && (ns.timing || ns.progress)) ns.state = "cached";
     }
     if (ids.length) this._bump();
@@ -412,11 +513,12 @@ export class H3Store {
     let id = detail;
     if (detail && typeof detail === "object") id = detail.display_node ?? detail.node ?? null;
     const key = nodeKey(id);
-    for (const ns of this.nodes.values()) {
+    const map = this._nodesFor((detail && typeof detail === "object" ? detail.prompt_id : null) ?? this.promptId);
+    for (const ns of map.values()) {
       if (ns.state === "running" && ns.id !== key) ns.state = ns.timing ? "done" : "stale";
     }
     if (key !== null) {
-      const ns = this.node(key);
+      const ns = this.node(key, map);
       ns.state = "running";
       ns.error = null;
       ns.seq = this._bump();
@@ -429,13 +531,14 @@ export class H3Store {
   executionEnd(kind, data) {
     const failed = kind === "execution_error";
     const failedId = failed && data && typeof data === "object" ? nodeKey(data.node_id) : null;
-    for (const ns of this.nodes.values()) {
+    const map = this._nodesFor(data?.prompt_id ?? this.promptId);
+    for (const ns of map.values()) {
       if (ns.state === "running" && ns.id !== failedId) {
         ns.state = kind === "execution_interrupted" ? "interrupted" : ns.timing ? "done" : "stale";
       }
     }
     if (failedId !== null) {
-      const ns = this.node(failedId);
+      const ns = this.node(failedId, map);
       ns.state = "error";
       ns.error = String(data.exception_message ?? data.exception_type ?? "failed");
       const rid = ns.progress?.request_id ?? null;
@@ -465,11 +568,11 @@ export class H3Store {
       // no graph node (a headless run): the records still belong in the timeline
       const rid = p.request_id === null || p.request_id === undefined || p.request_id === "" ? null : String(p.request_id);
       const req = this.request(rid);
-      const added = this._addRecords(req, Array.isArray(p.stages) ? p.stages : []);
+      const added = this._addRecords(req, Array.isArray(p.stages) ? p.stages : [], p.prompt_id);
       if (added) this._bump();
       return added > 0;
     }
-    const ns = this.node(p.node);
+    const ns = this.node(p.node, this._nodesFor(p.prompt_id));
     if (typeof p.node_type === "string") ns.node_type = p.node_type;
     const rid = p.request_id === null || p.request_id === undefined || p.request_id === "" ? null : String(p.request_id);
     const stages = Array.isArray(p.stages) ? p.stages : [];
@@ -483,9 +586,19 @@ export class H3Store {
     if (ns.state !== "error") ns.state = "done";
     if (ns.progress && ns.progress.request_id === rid) ns.progress.final = true;
     const req = this.request(rid);
-    let added = this._addRecords(req, stages);
+    let added = this._addRecords(req, stages, p.prompt_id);
     if (req) {
       if (p.prompt_id) req.prompt_id = p.prompt_id;
+      const summary = ns.timing.summary ?? {};
+      if (typeof summary.workflow === "string" && summary.workflow && req.workflow !== summary.workflow) {
+        req.workflow = summary.workflow;
+        added += 1;
+      }
+      const batch = batchOf(summary.batch);
+      if (batch && String(batch) !== String(req.batch)) {
+        req.batch = batch;
+        added += 1;
+      }
       const known = req.nodes.get(ns.id);
       if (known !== ns.node_type) {
         req.nodes.set(ns.id, ns.node_type);
@@ -506,13 +619,17 @@ export class H3Store {
     const seconds = num(p.seconds) ?? 0;
     const rid = p.request_id === null || p.request_id === undefined || p.request_id === "" ? null : String(p.request_id);
     if (p.node !== null && p.node !== undefined) {
-      const ns = this.node(p.node);
+      const ns = this.node(p.node, this._nodesFor(p.prompt_id));
       if (!ns.node_type) ns.node_type = "H3RemoteDenoise";
       if (!ns.progress || ns.progress.request_id !== rid) {
         ns.progress = { request_id: rid, total: null, steps: new Map(), final: false };
       }
       ns.progress.steps.set(step, seconds);
       if (total !== null) ns.progress.total = total;
+      const preview = previewOf(p.preview);
+      if (preview) ns.progress.preview = preview;
+      const batch = batchOf(p.batch);
+      if (batch) ns.progress.batch = batch;
       ns.request_id = rid;
       if (p.prompt_id) ns.prompt_id = p.prompt_id;
       if (!ns.progress.final) ns.state = "running";
@@ -523,7 +640,12 @@ export class H3Store {
       if (!req.progress) req.progress = { total: null, steps: new Map() };
       req.progress.steps.set(step, seconds);
       if (total !== null) req.progress.total = total;
-      if (p.prompt_id) req.prompt_id = p.prompt_id;
+      if (p.prompt_id) {
+        req.prompt_id = p.prompt_id;
+        req.run_prompt = String(p.prompt_id);
+      }
+      const batch = batchOf(p.batch);
+      if (batch) req.batch = batch;
       if (p.node !== null && p.node !== undefined && !req.nodes.has(String(p.node))) {
         req.nodes.set(String(p.node), "H3RemoteDenoise");
       }
@@ -547,6 +669,39 @@ export class H3Store {
     return changed;
   }
 
+  /**
+   * ComfyUI's `GET /history` (`{prompt_id: {outputs: {node: {h3_timing: [payload...]}}}}`): the records of earlier
+   * prompts with the prompt that carried them (so a cached encode stays out of a later run's row after a reload)
+   * and each request's workflow and batch place. Node readouts are left alone: those prompts may be of another graph.
+   */
+  ingestHistory(history) {
+    if (!history || typeof history !== "object" || Array.isArray(history)) return 0;
+    let added = 0;
+    for (const [pid, entry] of Object.entries(history)) {
+      const outputs = entry && typeof entry === "object" && entry.outputs && typeof entry.outputs === "object" ? entry.outputs : {};
+      for (const out of Object.values(outputs)) {
+        const list = out && Array.isArray(out.h3_timing) ? out.h3_timing : [];
+        for (const p of list) {
+          if (!p || typeof p !== "object") continue;
+          const rid = p.request_id === null || p.request_id === undefined || p.request_id === "" ? null : String(p.request_id);
+          const req = rid ? this.request(rid) : null;
+          added += this._addRecords(req, Array.isArray(p.stages) ? p.stages : [], p.prompt_id ?? pid);
+          if (req) {
+            const summary = p.summary && typeof p.summary === "object" ? p.summary : {};
+            if (!req.workflow && typeof summary.workflow === "string") req.workflow = summary.workflow;
+            if (!req.batch) req.batch = batchOf(summary.batch);
+            if (typeof p.node_type === "string" && p.node !== undefined && p.node !== null) req.nodes.set(String(p.node), p.node_type);
+          }
+        }
+      }
+    }
+    if (added) {
+      this._trim();
+      this._bump();
+    }
+    return added;
+  }
+
   /** Rows of `GET /h3/timings` (`{"records": [...]}` or the list itself). */
   ingestRecords(records) {
     const list = Array.isArray(records) ? records : records && Array.isArray(records.records) ? records.records : [];
@@ -559,49 +714,10 @@ export class H3Store {
   }
 }
 
-// ------------------------------------------------------------------------------------------------ request summary
+// ------------------------------------------------------------------------------------------------ record titles
 
-/** Per-request figures for the timeline header: total, seconds per stage, transfers with their share. */
-export function requestSummary(req) {
-  const out = { request_id: req?.request_id ?? null, total_s: null, stages: {}, transfers: {}, steps: null,
-                state: req?.state ?? "running" };
-  if (!req) return out;
-  const timed = req.records.filter((r) => r.start !== null && r.end !== null);
-  if (timed.length) {
-    out.total_s = Math.max(...timed.map((r) => r.end)) - Math.min(...timed.map((r) => r.start));
-  }
-  for (const r of req.records) {
-    if (r.rank) continue; // a DiT group's other ranks: the request's denoise is rank 0's, counted once
-    const s = TRANSFER_STAGES.includes(r.stage) ? r.receive_s : r.compute_s || recordSeconds(r) || 0;
-    out.stages[r.stage] = (out.stages[r.stage] ?? 0) + s;
-    if (TRANSFER_STAGES.includes(r.stage)) {
-      const t = transferFigures(r);
-      t.share = out.total_s ? t.receive_s / out.total_s : null;
-      out.transfers[r.stage] = t;
-    }
-    if (r.stage === "denoise" && r.steps.length) out.steps = stepStats(r.steps);
-  }
-  if (!out.steps && req.progress) {
-    const ps = progressSteps(req.progress);
-    out.steps = { ...stepStats(ps.map((e) => e.seconds)), done: ps.length ? ps[ps.length - 1].step : 0,
-                  total: req.progress.total };
-  }
-  return out;
-}
-
-// ------------------------------------------------------------------------------------------------ node readout
-
-function transferTitle(label, f, share) {
-  const lines = [`${label}: ${fmtSeconds(f.receive_s)} = fetch ${fmtSeconds(f.fetch_s)} + materialise ${fmtSeconds(f.materialize_s)}`];
-  if (f.producer_wait_s) lines.push(`  producer wait ${fmtSeconds(f.producer_wait_s)}`);
-  if (f.serialize_s) lines.push(`  serialise ${fmtSeconds(f.serialize_s)}`);
-  if (f.validate_s) lines.push(`  validate ${fmtSeconds(f.validate_s)}`);
-  if (f.bytes) lines.push(`  ${fmtBytes(f.bytes)}`);
-  if (share !== null && share !== undefined) lines.push(`  ${fmtPercent(share)} of the request`);
-  return lines.join("\n");
-}
-
-function recordTitle(r) {
+/** The figures of one record, one per line (a bar's tooltip and the timeline's details line). */
+export function recordTitle(r) {
   const parts = [`${stageLabel(r.stage)} on ${r.machine}${r.node ? ` (${r.node})` : ""}`];
   const wall = recordSeconds(r);
   if (wall !== null) parts.push(`  wall ${fmtSeconds(wall)}`);
@@ -614,229 +730,11 @@ function recordTitle(r) {
   if (r.total_bytes) parts.push(`  ${fmtBytes(r.total_bytes)}`);
   if (r.steps.length) {
     const st = stepStats(r.steps);
-    parts.push(`  ${st.count} steps, ${fmtSeconds(st.mean_s)}/step (${fmtSeconds(st.min_s)}..${fmtSeconds(st.max_s)})`);
+    parts.push(`  ${st.count} forwards (${st.count + 1} sigma points), ${fmtSeconds(st.mean_s)} each ` +
+               `(${fmtSeconds(st.min_s)}..${fmtSeconds(st.max_s)})`);
   }
   if (r.note) parts.push(`  ${r.note}`);
   return parts.join("\n");
-}
-
-/**
- * What the readout widget of one node shows:
- * `{state, classes, title, lines: [[{text, cls, title, key}], ...]}`. `line 0` is the compact figure line,
- * `line 1` the detail line (transfer split into fetch and materialisation).
- */
-export function readoutModel(store, nodeId, { warnShare = DEFAULT_WARN_SHARE, nodeType = null } = {}) {
-  const ns = store ? store.findNode(nodeId) : null;
-  const type = ns?.node_type ?? nodeType ?? null;
-  const verb = NODE_VERB[type] ?? "compute";
-  const state = ns?.state ?? "idle";
-  const model = { state, classes: ["h3-readout", `h3-state-${state}`], title: "", lines: [], slow: [] };
-  const timing = ns?.timing ?? null;
-  const summary = timing?.summary ?? null;
-  const machine = (summary && (summary.machine === "A" || summary.machine === "B") ? summary.machine : null) ??
-    NODE_MACHINE[type] ?? "A";
-  const live = ns?.progress && !ns.progress.final && (!timing || timing.request_id !== ns.progress.request_id);
-
-  if (state === "error") {
-    model.lines.push([{ text: `${machine} ${verb} failed`, cls: "h3-error", key: "error" }]);
-    model.title = ns.error ?? "failed";
-    model.classes.push("h3-has-error");
-    return model;
-  }
-  if (live) {
-    const ps = progressSteps(ns.progress);
-    const st = stepStats(ps.map((e) => e.seconds));
-    const done = ps.length ? ps[ps.length - 1].step : 0;
-    const total = ns.progress.total;
-    model.lines.push([
-      { text: `${machine} ${verb} ${fmtSeconds(st.total_s)}`, cls: "h3-compute", key: "compute" },
-      { text: `step ${done}/${total ?? "?"}`, cls: "h3-steps", key: "steps" },
-    ]);
-    const detail = [];
-    if (ps.length) detail.push({ text: `last step ${fmtSeconds(ps[ps.length - 1].seconds)}`, cls: "h3-detail", key: "last" });
-    if (total !== null && total > done && st.mean_s !== null) {
-      detail.push({ text: `~${fmtSeconds(st.mean_s * (total - done))} left`, cls: "h3-detail", key: "eta" });
-    }
-    if (detail.length) model.lines.push(detail);
-    model.title = `request ${ns.progress.request_id ?? "–"}\n` +
-      ps.map((e) => `step ${e.step}: ${fmtSeconds(e.seconds)}`).join("\n");
-    model.classes.push("h3-live");
-    return model;
-  }
-  if (!timing || state === "running") {
-    if (state === "running") {
-      model.lines.push([{ text: `${machine} ${verb} running…`, cls: "h3-running", key: "running" }]);
-      model.title = "running";
-    } else {
-      model.lines.push([{ text: `${machine} ${verb} –`, cls: "h3-muted", key: "idle" }]);
-      model.title = "no H3 timing yet";
-    }
-    return model;
-  }
-
-  const rid = timing.request_id;
-  const span = rid ? store.requestSpan(rid) : null;
-  const total = span && span.total_s > 0 ? span.total_s : null;
-  const line0 = [{ text: `${machine} ${verb} ${fmtSeconds(summary?.compute_s)}`, cls: "h3-compute", key: "compute" }];
-  const line1 = [];
-  const titles = [`${type ?? "node"} ${ns.id}${rid ? ` · request ${rid}` : ""}`,
-                  `${machine} ${verb}: ${fmtSeconds(summary?.compute_s)}`];
-  const stepsDone = num(summary?.steps_done);
-  const stepsTotal = num(summary?.steps_total);
-  if (stepsDone !== null || stepsTotal !== null) {
-    line0.push({ text: `step ${stepsDone ?? "?"}/${stepsTotal ?? "?"}`, cls: "h3-steps", key: "steps" });
-  }
-  for (const dir of TRANSFER_STAGES) {
-    const f = transferFigures(summary?.[dir]);
-    if (!f) continue;
-    const label = stageLabel(dir);
-    const share = total ? f.receive_s / total : null;
-    const slow = share !== null && share > warnShare;
-    const title = transferTitle(label, f, share);
-    line0.push({ text: `${label} ${fmtSeconds(f.receive_s)}`, cls: slow ? "h3-xfer h3-slow" : "h3-xfer", key: dir, title });
-    line1.push({ text: `${label} fetch ${fmtSeconds(f.fetch_s)} + mat ${fmtSeconds(f.materialize_s)}`,
-                 cls: slow ? "h3-detail h3-slow" : "h3-detail", key: `${dir}_split`, title });
-    titles.push(title);
-    if (slow) model.slow.push(dir);
-  }
-  if (!line1.length) {
-    if (rid) line1.push({ text: `req ${shortId(rid)}`, cls: "h3-detail", key: "request" });
-    const nodes = [...new Set(timing.stages.map((r) => r.node).filter(Boolean))];
-    if (nodes.length) line1.push({ text: nodes.join(", "), cls: "h3-detail", key: "where" });
-    const bytes = timing.stages.reduce((a, r) => a + (r.total_bytes || 0), 0);
-    if (bytes) line1.push({ text: fmtBytes(bytes), cls: "h3-detail", key: "bytes" });
-  }
-  for (const r of timing.stages) titles.push(recordTitle(r));
-  if (total) titles.push(`request total ${fmtSeconds(total)} (so far)`);
-  if (state === "cached") titles.push("(cached: figures of the run that produced this output)");
-  model.lines.push(line0);
-  if (line1.length) model.lines.push(line1);
-  const ranks = ranksLine(summary);
-  if (ranks) {
-    model.lines.push([{ text: ranks, cls: "h3-detail h3-ranks", key: "ranks" }]);
-    titles.push(ranks);
-  }
-  if (typeof summary?.schedule === "string" && summary.schedule) {
-    // the effective schedule B ran (steps, sigma shifts, LoRA adapters and their switch time)
-    model.lines.push([{ text: summary.schedule, cls: "h3-detail h3-schedule", key: "schedule" }]);
-    titles.push(`schedule: ${summary.schedule}`);
-  }
-  model.title = titles.join("\n");
-  if (model.slow.length) model.classes.push("h3-has-slow");
-  return model;
-}
-
-/** The compact text of a readout model (lines joined with " · ", one per line). */
-export function readoutText(model) {
-  return model.lines.map((line) => line.map((p) => p.text).join(" · ")).join("\n");
-}
-
-export { recordTitle };
-
-// ------------------------------------------------------------------------------------------------ status
-
-function healthRole(role, h, topo) {
-  const versions = h && typeof h.versions === "object" && h.versions ? h.versions : {};
-  const mem = h && typeof h.memory === "object" && h.memory ? h.memory : {};
-  const memParts = [];
-  if (num(mem.cuda_allocated_mb) !== null) {
-    memParts.push(`GPU ${fmtBytes(mem.cuda_allocated_mb * 2 ** 20)}${num(mem.cuda_total_mb) !== null ? ` / ${fmtBytes(mem.cuda_total_mb * 2 ** 20)}` : ""}`);
-  }
-  if (num(mem.rss_mb) !== null) memParts.push(`RSS ${fmtBytes(mem.rss_mb * 2 ** 20)}`);
-  return {
-    role,
-    ip: h?.node_ip ?? topo?.ip ?? null,
-    node_id: h?.node_id ?? topo?.node_id ?? null,
-    healthy: h ? h.ok !== false : null,
-    device: h?.device ?? null,
-    dtype: h?.dtype ?? null,
-    attention_backend: h?.attention_backend ?? null,
-    partition: h?.partition ?? null,
-    busy: h?.busy ?? null,
-    uptime_s: num(h?.uptime_s),
-    memory: memParts.join(", "),
-    versions,
-    hostname: h?.hostname ?? null,
-  };
-}
-
-/**
- * The DiT workers of a pool, from `GET /h3/status`'s `workers`: one row each with its node, resident partitions,
- * queue (requests and queued steps), the request it runs now and the client it serves.
- */
-export function workerRows(workers) {
-  if (!Array.isArray(workers)) return [];
-  return workers.filter((w) => w && typeof w === "object").map((w) => {
-    const queue = Array.isArray(w.queue) ? w.queue.filter((q) => q && typeof q === "object") : [];
-    return {
-      name: String(w.name ?? "?"), node: w.node ?? null,
-      partitions: Array.isArray(w.partitions) ? w.partitions.map(String) : [],
-      queued: queue.filter((q) => q.state !== "running").length, queuedSteps: num(w.queued_steps) ?? 0,
-      current: w.current_request ?? null, client: w.client ?? null,
-      step: w.current && typeof w.current === "object" ? num(w.current.step) : null,
-      total: w.current && typeof w.current === "object" ? num(w.current.total) : null,
-      clients: [...new Set(queue.map((q) => q.client).filter(Boolean).map(String))],
-    };
-  });
-}
-
-/** One line per worker: `h3_dit_b2 @ 10.0.0.3 · transformer · running ab12cd 3/8 for host:pid · 2 queued (16 steps)`. */
-export function workerText(w) {
-  const bits = [`${w.name}${w.node ? ` @ ${w.node}` : ""}`];
-  if (w.partitions.length) bits.push(w.partitions.join(" + "));
-  bits.push(w.current ? `running ${shortId(w.current)}${w.total ? ` ${w.step ?? 0}/${w.total}` : ""}` +
-    `${w.client ? ` for ${w.client}` : ""}` : "idle");
-  if (w.queued) bits.push(`${w.queued} queued (${w.queuedSteps} steps)`);
-  return bits.join(" · ");
-}
-
-/**
- * What the status section shows, from `GET /h3/status` (or null when it could not be fetched):
- * `{ok, warning, detail, cluster, roles: [{role, ip, ...}], nodes, actors, encoders, mismatches, workers}`.
- */
-export function statusModel(status, { fetchError = null } = {}) {
-  const m = { ok: false, warning: null, detail: null, cluster: "", roles: [], nodes: [], actors: [], encoders: [],
-              mismatches: [], workers: [], time: null };
-  if (!status || typeof status !== "object") {
-    m.warning = "H3 status unavailable";
-    m.detail = fetchError ? String(fetchError) : "no answer from /h3/status";
-    return m;
-  }
-  const connected = status.connected === true;
-  const error = typeof status.error === "string" && status.error !== "" ? status.error : null;
-  const cl = status.cluster && typeof status.cluster === "object" ? status.cluster : {};
-  m.cluster = [cl.mode, cl.address].filter(Boolean).join(" ") || (connected ? "connected" : "not connected");
-  m.nodes = Array.isArray(status.nodes) ? status.nodes.map(String) : [];
-  m.time = num(status.time);
-  const topo = status.topology && typeof status.topology === "object" ? status.topology : {};
-  const actors = Array.isArray(status.actors) ? status.actors.filter((a) => a && typeof a === "object") : [];
-  const health = { A: null, B: null };
-  for (const a of actors) {
-    const h = a.health && typeof a.health === "object" ? a.health : {};
-    m.actors.push({ name: a.name ?? "?", namespace: a.namespace ?? null, partition: a.partition ?? null,
-                    error: a.error ?? null, healthy: !a.error });
-    for (const role of ["A", "B"]) if (!health[role] && h[role]) health[role] = h[role];
-  }
-  for (const role of ["A", "B"]) {
-    if (health[role] || topo[role]) m.roles.push(healthRole(role, health[role], topo[role]));
-  }
-  m.encoders = Array.isArray(status.encoders) ? status.encoders.filter((e) => e && typeof e === "object") : [];
-  m.workers = workerRows(status.workers);
-  const a = health.A?.versions;
-  const b = health.B?.versions;
-  if (a && b && typeof a === "object" && typeof b === "object") {
-    for (const k of Object.keys(a)) {
-      if (k in b && String(a[k]) !== String(b[k])) m.mismatches.push({ name: k, A: String(a[k]), B: String(b[k]) });
-    }
-  }
-  const actorError = m.actors.find((x) => x.error)?.error ?? null;
-  if (!connected || error || actorError) {
-    m.warning = "B unreachable";
-    m.detail = error ?? actorError ?? "not connected to the Ray cluster";
-  } else {
-    m.ok = true;
-  }
-  return m;
 }
 
 // ------------------------------------------------------------------------------------------------ model pickers

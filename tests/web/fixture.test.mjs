@@ -7,7 +7,8 @@ import { dirname, join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { fmtSeconds, H3Store, isH3NodeType, readoutModel, transferFigures } from "../../web/h3_view.js";
+import { forwardsDoneText, readoutModel, readoutText } from "../../web/h3_readout.js";
+import { fmtSeconds, H3Store, isH3NodeType, transferFigures } from "../../web/h3_view.js";
 import { waterfall } from "../../web/h3_timeline.js";
 
 const FIXTURE = join(dirname(fileURLToPath(import.meta.url)), "fixtures", "runner_events.jsonl");
@@ -46,7 +47,11 @@ test("replay: every H3 node's readout shows its compute time; denoise its steps 
     const first = m.lines[0].map((p) => p.text).join(" · ");
     assert.ok(first.includes(fmtSeconds(t.summary.compute_s)), `${t.node_type}: ${first}`);
     if (t.node_type === "H3RemoteDenoise") {
-      assert.ok(first.includes(`step ${t.summary.steps_done}/${t.summary.steps_total}`), first);
+      // the count once, in the words of the node's `steps` input: forwards and sigma points (= forwards + 1)
+      const all = readoutText(m);
+      const count = t.summary.schedule ?? forwardsDoneText(t.summary.steps_done, t.summary.steps_total);
+      assert.ok(all.includes(count), all);
+      assert.ok(!/\bstep \d+\/\d+/.test(all), all);
       for (const [dir, label] of [["a_to_b", "A->B"], ["b_to_a", "B->A"]]) {
         const f = transferFigures(t.summary[dir]);
         if (!f) continue;
@@ -72,7 +77,7 @@ test("replay: mid-denoise the readout sums the steps so far", () => {
   const m = readoutModel(store, last.node);
   const text = m.lines[0].map((p) => p.text).join(" · ");
   assert.ok(text.includes(`denoise ${fmtSeconds(sum)}`), text);
-  assert.ok(text.includes(`step ${last.step}/${last.total}`), text);
+  assert.ok(text.includes(`forward ${last.step} of ${last.total} (${last.total + 1} sigma points)`), text);
 });
 
 test("replay: one waterfall per request with every stage record of that request", () => {

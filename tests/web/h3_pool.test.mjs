@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { statusModel, workerRows, workerText } from "../../web/h3_view.js";
+import { statusModel, workerRows, workerText } from "../../web/h3_status.js";
 
 const WORKERS = [
   { name: "h3_dit", node: "10.0.0.2", partitions: ["transformer"], queued_steps: 13, current_request: "abcdef123456",

@@ -3,8 +3,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { DEFAULT_LAYOUT, niceStep, waterfall } from "../../web/h3_timeline.js";
-import { normalizeRecord, ranksLine, requestSummary } from "../../web/h3_view.js";
+import { DEFAULT_LAYOUT, niceStep, requestSummary, waterfall } from "../../web/h3_timeline.js";
+import { normalizeRecord, ranksLine } from "../../web/h3_view.js";
 
 const RID = "r1";
 const near = (a, b, eps = 1e-6) => assert.ok(Math.abs(a - b) <= eps, `${a} != ${b} (±${eps})`);
@@ -52,7 +52,7 @@ test("bars sit on their machine's lane, in time order, scaled to the plot", () =
   }
   const den = g.bars.find((b) => b.stage === "denoise");
   near(den.w, 400);
-  assert.match(den.title, /4 steps, 9\.8 s\/step/);
+  assert.match(den.title, /4 forwards \(5 sigma points\), 9\.8 s each/);
   assert.match(den.title, /80 % of the request's 50\.0 s/);
   assert.equal(g.height, DEFAULT_LAYOUT.padTop + 2 * DEFAULT_LAYOUT.laneHeight + DEFAULT_LAYOUT.laneGap + DEFAULT_LAYOUT.axisHeight);
 });
@@ -112,7 +112,7 @@ test("a running denoise is drawn from the progress events", () => {
   near(live.end, 121.5);
   assert.equal(live.ticks.length, 2);
   assert.match(live.cls, /h3-live/);
-  assert.match(live.title, /running: step 2\/5/);
+  assert.match(live.title, /running: forward 2 of 5/);
   near(g.total_s, 21.5);
 });
 
@@ -152,6 +152,6 @@ test("a DiT group's denoise: one lane per rank, the request's denoise counted on
 test("the denoise readout of a DiT group names its ranks", () => {
   const line = ranksLine({ ran: { method: "ulysses", ranks: [
     { machine: "A", step_s: 0.52, comm_share: 0.07 }, { machine: "B", step_s: 0.51, comm_share: 0.05 }] } });
-  assert.equal(line, "2 ranks (ulysses): A 520 ms/step, B 510 ms/step · comm 6.0 %");
+  assert.equal(line, "2 ranks (ulysses): A 520 ms/forward, B 510 ms/forward · comm 6.0 %");
   assert.equal(ranksLine({ ran: { partition: "transformer" } }), null);
 });

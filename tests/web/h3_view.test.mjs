@@ -3,10 +3,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
+import { readoutModel, readoutText } from "../../web/h3_readout.js";
+import { statusModel } from "../../web/h3_status.js";
+import { requestSummary } from "../../web/h3_timeline.js";
 import {
   DEFAULT_WARN_SHARE, fmtBytes, fmtPercent, fmtSeconds, H3Store, H3_NODE_TYPES, isH3NodeType, MAX_REQUESTS,
-  normalizeRecord, progressSteps, readoutModel, readoutText, requestSummary, statusModel, stepStats, totalBytes,
-  transferFigures,
+  normalizeRecord, progressSteps, stepStats, totalBytes, transferFigures,
 } from "../../web/h3_view.js";
 
 const RID = "a1b2c3d4e5f6";
@@ -118,7 +120,8 @@ test("aggregation across steps: h3.progress events sum into the live readout", (
   assert.ok(Math.abs(st.total_s - (8.31 + 8.22 + 8.19)) < 1e-9);
   const m = readoutModel(store, 4, { nodeType: "H3RemoteDenoise" });
   const text = readoutText(m);
-  assert.match(text, new RegExp(`^B denoise ${fmtSeconds(8.31 + 8.22 + 8.19).replace(".", "\\.")} · step 3/5`));
+  // h3.progress counts forwards; the node's `steps` input counts sigma points (one more)
+  assert.match(text, new RegExp(`^B denoise ${fmtSeconds(8.31 + 8.22 + 8.19).replace(".", "\\.")} · forward 3 of 5 \\(6 sigma points\\)`));
   assert.match(text, /~16\.5 s left/); // mean 8.24 s x 2 steps
   assert.ok(m.classes.includes("h3-live"));
   // the request aggregate carries the same steps
@@ -132,7 +135,7 @@ test("final readout of H3RemoteDenoise: compute, steps, A->B and B->A with the s
   store.ingestTiming(encodeTiming());
   store.ingestTiming(denoiseTiming());
   const m = readoutModel(store, "4");
-  assert.equal(m.lines[0].map((p) => p.text).join(" · "), "B denoise 41.2 s · step 5/5 · A->B 61 ms · B->A 40 ms");
+  assert.equal(m.lines[0].map((p) => p.text).join(" · "), "B denoise 41.2 s · 8.2 s per forward · A->B 61 ms · B->A 40 ms");
   assert.equal(m.lines[1].map((p) => p.text).join(" · "),
                "A->B fetch 61 ms + mat 0.4 ms · B->A fetch 40 ms + mat 0.3 ms");
   const a2b = m.lines[0].find((p) => p.key === "a_to_b");
@@ -284,7 +287,7 @@ test("statusModel: roles, versions, warnings when B is unreachable", () => {
 });
 
 test("the denoise readout shows the effective schedule B ran", async () => {
-  const { H3Store, readoutModel, readoutText } = await import("../../web/h3_view.js");
+  const { H3Store } = await import("../../web/h3_view.js");
   const store = new H3Store();
   const rec = { request_id: "r1", stage: "denoise", machine: "B", node: "127.0.0.3", start: 1, end: 2,
                 compute_s: 1, steps: [0.5, 0.5], bytes: {}, note: "" };

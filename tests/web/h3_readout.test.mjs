@@ -1,0 +1,138 @@
+// What each node's readout says after a run and while B denoises: the count of a denoise in the words of the node's
+// `steps` input, B's status line, LoRA adapters, previews, B's share of a split decode, the prompt list; and the room
+// each node type reserves for it. Run: node --test tests/web/
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import {
+  adaptersText, decodeShare, forwardsDoneText, forwardsText, livePreviewText, previewText, READOUT_LINE_PX,
+  READOUT_LINES, READOUT_PAD_PX, readoutHeight, readoutModel, readoutText,
+} from "../../web/h3_readout.js";
+import { H3_NODE_TYPES, H3Store } from "../../web/h3_view.js";
+
+const rec = (stage, machine, start, end, extra = {}) => ({ request_id: "", stage, machine, node: "spark", start, end,
+                                                          compute_s: end - start, ...extra });
+
+function timing(nodeType, node, stages, summary, requestId = null) {
+  return { prompt_id: "p1", node, node_type: nodeType, request_id: requestId, stages,
+           summary: { compute_s: 0.25, machine: "A", a_to_b: null, b_to_a: null, ...summary } };
+}
+
+test("a denoise's count, once, in the node's words: forwards, and sigma points one more", () => {
+  // steps=50 is 50 sigma points, 49 forwards (the old readout said "step 49/49"); turbo's 4 are 3 forwards
+  assert.equal(forwardsDoneText(49, 49), "49 forwards (50 sigma points)");
+  assert.equal(forwardsDoneText(3, 3), "3 forwards (4 sigma points)");
+  assert.equal(forwardsText(12, 49), "forward 12 of 49 (50 sigma points)");
+  assert.equal(forwardsDoneText(12, 49), "stopped after forward 12 of 49 (50 sigma points)");
+  assert.equal(forwardsText(2, null), "forward 2");
+});
+
+test("previews: count, size, bytes and their share of a forward, or why there were none", () => {
+  assert.equal(previewText({ note: "", count: 12, cost_s: 0.036, every: 1, bytes: 2048, size: [32, 32],
+                             source: "ComfyUI", share_of_step: 0.003 }),
+               "previews: 12 × 32x32 JPEG, 2.0 KiB each, 0.3 % of a forward on B");
+  assert.equal(previewText({ count: 6, bytes: 1000, size: [64, 36], every: 8, cost_s: 0.2 }),
+               "previews: 6 × 64x36 JPEG, 1000 B each, 200 ms on B in all, every 8 forwards");
+  assert.equal(previewText({ note: "previews off (ComfyUI's preview method is none)" }),
+               "previews off (ComfyUI's preview method is none)");
+  assert.equal(previewText(null), null);
+  assert.equal(livePreviewText({ step: 3, width: 104, height: 60, bytes: 5632 }), "preview 104x60, 5.5 KiB (forward 3)");
+});
+
+test("H3RemoteDenoise: schedule and previews complete, the count said once, no 'step x/y'", () => {
+  const store = new H3Store();
+  const den = { request_id: "r1", stage: "denoise", machine: "B", node: "b", start: 10, end: 13, compute_s: 3,
+                steps: [1, 1, 1] };
+  store.ingestTiming({ ...timing("H3RemoteDenoise", "5", [den], {
+    machine: "B", steps_done: 3, steps_total: 3,
+    schedule: "4 sigma points on transformer (bfloat16, sdpa): 3 forwards, shift 12 (video) / 3 (audio)",
+    preview: { note: "", count: 3, cost_s: 0.01, every: 1, bytes: 5632, size: [104, 60], share_of_step: 0.0033 },
+    batch: [2, 4] }, "r1") });
+  const text = readoutText(readoutModel(store, "5"));
+  assert.match(text, /^B denoise 250 ms · 1\.0 s per forward/);
+  assert.match(text, /4 sigma points on transformer \(bfloat16, sdpa\): 3 forwards, shift 12 \(video\) \/ 3 \(audio\)/);
+  assert.match(text, /request 2 of 4/);
+  assert.match(text, /previews: 3 × 104x60 JPEG, 5\.5 KiB each, 0\.3 % of a forward on B/);
+  assert.doesNotMatch(text, /step \d+\/\d+/);
+  assert.equal(text.match(/sigma points/g).length, 1);
+});
+
+test("a running denoise: forward k of n with sigma points, the newest preview, its place in a batch", () => {
+  const store = new H3Store();
+  for (const step of [1, 2]) {
+    store.ingestProgress({ prompt_id: "p", node: "5", request_id: "r", step, total: 49, seconds: 2,
+                           batch: [2, 4], ...(step === 2 ? { preview: { step: 2, width: 32, height: 32, bytes: 900 } } : {}) });
+  }
+  const text = readoutText(readoutModel(store, "5"));
+  assert.match(text, /^B denoise 4\.0 s · forward 2 of 49 \(50 sigma points\)/);
+  assert.match(text, /~1 m 34 s left/);
+  assert.match(text, /request 2 of 4/);
+  assert.match(text, /preview 32x32, 900 B \(forward 2\)/);
+});
+
+test("H3RemoteDiT: B's status line, each part on its own line, and the memory plan", () => {
+  const store = new H3Store();
+  const status = "A 10.0.0.2 · B 10.0.0.3 (cuda:0; /models/MiniMax-H3, transformer, bfloat16, precision fp8, " +
+    "attention sdpa) · pool of 2: h3_dit 10.0.0.3, h3_dit_b2 10.0.0.4";
+  const plan = "B plan (fp8): transformer 12.1 GiB + working 3.2 GiB = 15.3 GiB <= 110.0 GiB free on B";
+  store.ingestTiming(timing("H3RemoteDiT", "2", [rec("connect", "B", 1, 1.2, { note: status })],
+                            { machine: "B", status, memory_plan: plan }));
+  const m = readoutModel(store, "2");
+  assert.equal(m.lines[0][0].text, "B connect 250 ms");
+  assert.deepEqual(m.lines.slice(1).map((l) => l.map((p) => p.text).join(" · ")),
+                   ["A 10.0.0.2", "B 10.0.0.3 (cuda:0; /models/MiniMax-H3, transformer, bfloat16, precision fp8, attention sdpa)",
+                    "pool of 2: h3_dit 10.0.0.3, h3_dit_b2 10.0.0.4", plan]);
+});
+
+test("H3LoRA runs its check on B: machine B, the adapters of the chain and the file B found", () => {
+  const store = new H3Store();
+  const summary = { machine: "B", adapters: [["/models/loras/h3_turbo_4step.safetensors", 1], ["style.safetensors", 0.6]],
+                    resolved: "/models/loras/h3_turbo_4step.safetensors" };
+  assert.equal(adaptersText(summary), "adapters: h3_turbo_4step.safetensors × 1, style.safetensors × 0.6");
+  store.ingestTiming(timing("H3LoRA", "11", [rec("lora", "B", 1, 1.1)], summary));
+  const text = readoutText(readoutModel(store, "11"));
+  assert.match(text, /^B lora 250 ms\nadapters: h3_turbo_4step\.safetensors × 1, style\.safetensors × 0\.6\n/);
+  assert.match(text, /file on B: \/models\/loras\/h3_turbo_4step\.safetensors$/);
+  // before any run the node still says where it runs
+  assert.equal(readoutText(readoutModel(new H3Store(), "11", { nodeType: "H3LoRA" })), "B lora –");
+});
+
+test("H3PromptList shows how many prompts and which seeds", () => {
+  const store = new H3Store();
+  store.ingestTiming(timing("H3PromptList", "12", [rec("prompts", "A", 1, 1.001)],
+                            { prompts: 6, seeds: [42, 43, 44, 45, 46, 47] }));
+  assert.equal(readoutText(readoutModel(store, "12")), "A prompts 250 ms\n6 prompts · seeds 42, 43, 44, 45, …");
+});
+
+test("H3Decode says when B decoded part of the video: which clips, and why", () => {
+  const b = rec("decode", "B", 5, 7, { request_id: "r", info: { clips: [4, 7], of: 7, clip_s: [0.4, 0.4, 0.4] } });
+  const a = rec("decode", "A", 5, 8, { request_id: "r", info: { decode_on: "A+B" } });
+  assert.deepEqual(decodeShare([a, b]), { start: 4, stop: 7, of: 7, text: "B decoded 3 of 7 clips (clips 5-7), A the rest" });
+  assert.equal(decodeShare([a]), null);
+  const store = new H3Store();
+  store.ingestTiming(timing("H3Decode", "6", [b, a], {
+    machine: "B", frames: 124, decode_on: "B decodes clips 4-6 of 7: A 0.400 s, B 0.400 s, fetch 0.050 s per clip" }, "r"));
+  const text = readoutText(readoutModel(store, "6"));
+  assert.match(text, /^A\+B decode 250 ms\nrequest r · 124 frames\nB decoded 3 of 7 clips \(clips 5-7\), A the rest\n/);
+  assert.match(text, /why: A 0\.400 s, B 0\.400 s, fetch 0\.050 s per clip$/);
+  // A alone: the reason, and the node says A
+  const alone = new H3Store();
+  alone.ingestTiming(timing("H3Decode", "6", [a], { decode_on: "B has 1 more request(s) waiting: A decodes alone" }, "r"));
+  assert.match(readoutText(readoutModel(alone, "6")), /^A decode 250 ms[\s\S]*A decoded alone: B has 1 more request/);
+});
+
+test("every node type reserves its readout's room from the start, in whole lines", () => {
+  for (const t of H3_NODE_TYPES) {
+    assert.ok(READOUT_LINES[t] >= 2, `${t} reserves no readout room`);
+    assert.equal(readoutHeight(t), READOUT_LINES[t] * READOUT_LINE_PX + READOUT_PAD_PX);
+  }
+  assert.equal(readoutHeight("H3RemoteDiT", 3), 3 * READOUT_LINE_PX + READOUT_PAD_PX);
+});
+
+test("an error's sentence is on the node that failed, whole", () => {
+  const store = new H3Store();
+  store.executing("11");
+  store.executionEnd("execution_error", { node_id: "11", exception_message: "lora_path x.safetensors is not on B; choose tiny-random." });
+  const m = readoutModel(store, "11", { nodeType: "H3LoRA" });
+  assert.equal(readoutText(m), "B lora failed\nlora_path x.safetensors is not on B; choose tiny-random.");
+});
