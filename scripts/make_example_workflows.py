@@ -6,7 +6,8 @@ step with the nodes: run `python scripts/make_example_workflows.py` after changi
 The layout comes from the boxes the real frontend draws each node type in (scripts/node_sizes.json, written by
 tests/web/measure_node_sizes.py in frontends 1.49.6 and 1.58.1, classic canvas and Vue nodes; re-measure after
 changing a node's widgets or its readout's room): two rows, what A prepares on top (encoders, inputs, the encode),
-machine B and the outputs below (DiT, denoise, decode, save), so the nodes that grow after a run (the denoise's
+machine B and the outputs below (DiT, denoise, decode, save) and a note saying what to set before the first run
+(top right, or under the decode when the top row is full), so the nodes that grow after a run (the denoise's
 preview, the saved video) have nothing under them. Each node is saved at its measured size, and the saved view opens
 every template at a zoom of at least 0.6 with all nodes inside a laptop's first screen, clear of the frontend's
 sidebar, menus and minimap (tests/test_example_workflows_view.py and tests/test_web_frontend.py check it).
@@ -42,6 +43,9 @@ TITLE_H = 30  # the title bar LiteGraph draws above a node's ``pos``
 COL_W, GAP_X, GAP_Y = SIZES["width"], 40, 50
 #: where the FastH3 template expects FastVideo's FastH3 checkpoint (a diffusers folder with VSA gates)
 FASTH3_MODEL_PATH = "/models/FastH3"
+#: The note each template opens with, at the end of its top row (or of the bottom row when the top one is full): what
+#: to set before the first run, on the canvas rather than behind an error's details.
+NOTE_TYPE, NOTE_TITLE, NOTE_SIZE = "MarkdownNote", "Before the first run", [340.0, 200.0]
 PROMPT = ("A red fox trots across a snowy meadow at dawn, breath steaming; soft wind, crunching snow and a distant "
           "crow call.")
 
@@ -73,33 +77,48 @@ def saved_view(nodes: list[dict]) -> dict:
 
 
 def size_of(typ: str) -> list[float]:
-    """A node's saved size: the largest box the frontends draw it in, without the title bar."""
+    """A node's saved size: the largest box the frontends draw it in, without the title bar (a note: at least
+    ``NOTE_SIZE``, room for its text without scrolling)."""
     w, h = SIZES["largest"].get(typ, (COL_W, 120 + TITLE_H))
-    return [max(COL_W, float(w)), float(h) - TITLE_H]
+    w, h = max(COL_W, float(w)), float(h) - TITLE_H
+    if typ == NOTE_TYPE:
+        w, h = max(w, NOTE_SIZE[0]), max(h, NOTE_SIZE[1])
+    return [w, h]
 
 
-def layout(nodes: list[tuple], rows: list[list[int]]) -> dict[int, list[float]]:
+def layout(nodes: list[tuple], rows: list[list[int]], under: dict[int, int] | None = None) -> dict[int, list[float]]:
     """Positions (``pos``, below the title bar) of node ids placed in rows of columns ``COL_W + GAP_X`` apart; each
-    row starts ``GAP_Y`` below the tallest box of the row above."""
+    row starts ``GAP_Y`` below the tallest box of the row above. ``under`` places a node ``GAP_Y`` below another one
+    of the rows (a node id: the id it goes under)."""
     types = {n[0]: n[1] for n in nodes}
-    placed = [i for row in rows for i in row]
+    under = under or {}
+    placed = [i for row in rows for i in row] + list(under)
     assert sorted(placed) == sorted(types), (sorted(placed), sorted(types))
     pos, top = {}, 0.0
     for row in rows:
         for col, nid in enumerate(row):
             pos[nid] = [col * (COL_W + GAP_X), top + TITLE_H]
         top += max(size_of(types[nid])[1] + TITLE_H for nid in row) + GAP_Y
+    for nid, above in under.items():
+        x, y = pos[above]
+        pos[nid] = [x, y + size_of(types[above])[1] + GAP_Y + TITLE_H]
     return pos
 
 
-def build(name: str, nodes: list[tuple], rows: list[list[int]]) -> dict:
-    """nodes: (id, type, widget values, {input: (src id, src slot)}); rows: the node ids of each row, left to right."""
+def build(name: str, nodes: list[tuple], rows: list[list[int]], under: dict[int, int] | None = None) -> dict:
+    """nodes: (id, type, widget values, {input: (src id, src slot)}); rows: the node ids of each row, left to right;
+    under: node ids placed below another (see ``layout``)."""
     mappings = _mappings()
-    where = layout(nodes, rows)
+    where = layout(nodes, rows, under)
     links, link_id = [], 0
     out_links: dict[tuple, list] = {}
     node_objs = []
     for nid, typ, widgets, conns in nodes:
+        if typ == NOTE_TYPE:  # the frontend's own node: a text, no inputs or outputs, never sent to the server
+            node_objs.append({"id": nid, "type": typ, "title": NOTE_TITLE, "pos": where[nid], "size": size_of(typ), "flags": {},
+                              "order": 0, "mode": 0, "inputs": [], "outputs": [], "properties": {},
+                              "widgets_values": widgets})
+            continue
         cls = mappings[typ]
         inputs = []
         for iname, (ityp, opts, section) in input_specs(cls).items():
@@ -123,6 +142,8 @@ def build(name: str, nodes: list[tuple], rows: list[list[int]]) -> dict:
                           "properties": {"Node name for S&R": typ, "cnr_id": "comfy-h3"},
                           "widgets_values": widgets})
     for obj in node_objs:
+        if obj["type"] == NOTE_TYPE:
+            continue
         cls = mappings[obj["type"]]
         names = getattr(cls, "RETURN_NAMES", None) or cls.RETURN_TYPES
         obj["outputs"] = [{"name": n, "localized_name": n, "type": t, "slot_index": i,
@@ -161,6 +182,32 @@ BATCH_PROMPTS = (
     "A street musician plays a saxophone under a rainy neon sign; rain patters on the pavement.",
     "A hummingbird hovers at a red flower in a sunlit garden; its wings hum, bees buzz nearby.",
 )
+
+
+def note(model: str, lora: bool = False) -> tuple:
+    """The template's first-run note: which fields to set, and the tiny random model that needs no weights."""
+    tiny = "tiny-random-fasth3" if model == FASTH3_MODEL_PATH else "tiny-random"
+    fields = "**H3LoadEncoders** and **H3RemoteDiT**" + (" (and `lora_path` on **H3LoRA**)" if lora else "")
+    text = (f"`model_path` says `{model}`. Choose your model there on {fields}, or choose `{tiny}`"
+            f"{' (and `tiny-random` for the LoRA)' if lora else ''} to try the pack without weights: a tiny random "
+            f"model each machine builds on first use (its video is noise).\n\n"
+            f"**H3RemoteDiT** runs on machine B: `ray_address` `local` starts B in this ComfyUI; for a second Spark "
+            f"see the README's *Spark-B setup*.")
+    return (NOTE_ID, NOTE_TYPE, [text], {})
+
+
+NOTE_ID = 20
+
+
+def with_note(top: list[int]) -> tuple[list[list[int]], dict[int, int]]:
+    """The rows of a template with its note: at the end of the top row when that row has room, else under H3Decode
+    (the B row's short node that does not grow: the denoise and the save grow after a run)."""
+    if len(top) < len(B_ROW):
+        return [top + [NOTE_ID], B_ROW], {}
+    return [top, B_ROW], {NOTE_ID: DECODE_ID}
+
+
+DECODE_ID = 6
 
 
 def write_media() -> None:
@@ -210,7 +257,9 @@ def main() -> None:
         ], [1, 8, 10, 4, 3]),
     }
     for name, (nodes, top) in flows.items():
-        (OUT / f"{name}.json").write_text(json.dumps(build(name, nodes, [top, B_ROW]), indent=1) + "\n")
+        model = next(n[2][0] for n in nodes if n[1] == "H3LoadEncoders")
+        nodes = nodes + [note(model, lora=any(n[1] == "H3LoRA" for n in nodes))]
+        (OUT / f"{name}.json").write_text(json.dumps(build(name, nodes, *with_note(top)), indent=1) + "\n")
         print("wrote", OUT / f"{name}.json")
 
 

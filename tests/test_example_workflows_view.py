@@ -81,3 +81,21 @@ def test_nothing_is_below_the_nodes_that_grow_after_a_run(path):
         below = [n for n in wf["nodes"] if n is not grower and n["pos"][1] > y
                  and min(x1, n["pos"][0] + n["size"][0]) > max(x0, n["pos"][0])]
         assert not below, f"{path.name}: {[n['type'] for n in below]} below {grower['type']}"
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_each_template_says_on_the_canvas_what_to_set_before_the_first_run(path):
+    """The first-run hint is a note on the first screen (the view test above), not behind an error's details: it
+    names the model path the template holds, every node that has a path to set, and the tiny choice that needs no
+    weights."""
+    wf = json.loads(path.read_text())
+    notes = [n for n in wf["nodes"] if n["type"] == "MarkdownNote"]
+    assert len(notes) == 1, f"{path.name}: {len(notes)} notes"
+    text = notes[0]["widgets_values"][0]
+    encoders = next(n for n in wf["nodes"] if n["type"] == "H3LoadEncoders")
+    model = encoders["widgets_values"][0]
+    tiny = "tiny-random-fasth3" if "FastH3" in model else "tiny-random"
+    assert f"`{model}`" in text and f"`{tiny}`" in text, text
+    for node in wf["nodes"]:
+        if node["type"] in ("H3LoadEncoders", "H3RemoteDiT", "H3LoRA"):
+            assert f"**{node['type']}**" in text, f"{path.name}: the note does not name {node['type']}"
