@@ -375,7 +375,16 @@ class FrontendPage:
         """Where the canvas shows through, on an empty graph (what the frontend draws over it is marked)."""
         self.page.evaluate("() => { window.app.graph.clear(); window.app.canvas.setDirty(true, true); }")
         self.settle(600)
-        return self.page.evaluate(JS_FREE_MASK, MASK_STEP)
+        # on a loaded machine the frontend may still be laying out its bars (or showing a passing toast): the mask is
+        # the first one that two captures 400 ms apart agree on
+        mask, deadline = self.page.evaluate(JS_FREE_MASK, MASK_STEP), time.monotonic() + 15
+        while time.monotonic() < deadline:
+            self.page.wait_for_timeout(400)
+            again = self.page.evaluate(JS_FREE_MASK, MASK_STEP)
+            if again == mask:
+                return mask
+            mask = again
+        raise AssertionError("what the frontend draws over the canvas kept changing for 15 s")
 
     def readouts(self) -> list[dict]:
         """Every H3 readout: its node, text, and whether its text fits the room the node gives it."""
