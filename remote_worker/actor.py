@@ -76,6 +76,7 @@ class DiTActorImpl(ResidentActorMixin):
         self.side = self.make_side(self.config)
         self._lock = threading.Lock()
         self._progress: dict[str, dict] = {}
+        self._changed = threading.Condition()  # notified when a request's progress gains a step or ends
         self._cancelled: set[str] = set()
         self._decoding: set[str] = set()  # requests whose decode share runs now
         self._queue: dict[str, dict] = {}  # pool: announced denoises (enqueue), in arrival order, until they end
@@ -119,6 +120,7 @@ class DiTActorImpl(ResidentActorMixin):
                     progress["preview"] = rec.preview
                 progress["steps"].append((rec.index, rec.total, rec.seconds))
                 self._step_s.append(rec.seconds)
+                self._notify()
 
             result = self.side.denoise(payload, call, on_step=on_step, validated=True,
                                        should_cancel=lambda: request_id in self._cancelled,
@@ -149,6 +151,7 @@ class DiTActorImpl(ResidentActorMixin):
             log.warning("[%s] failed: %s", request_id, exc)
             raise
         finally:
+            self._notify()  # a watcher waiting for the next step learns the request ended
             with self._lock:
                 self._queue.pop(request_id, None)
                 self._cancelled.discard(request_id)
@@ -271,13 +274,28 @@ class DiTActorImpl(ResidentActorMixin):
                 "current": cur, "queue": queue, "queued_steps": queued,
                 "step_s": steps[len(steps) // 2] if steps else None}
 
-    @ray.method(concurrency_group="control")
-    def progress(self, request_id: str) -> dict:
-        p = self._progress.get(request_id)
+    @ray.method(concurrency_group="watch")
+    def progress(self, request_id: str, after: int = -1, wait: float = 0.0) -> dict:
+        """A request's progress. With ``wait`` > 0 it answers once the request has more than ``after`` steps or has
+        ended, or after ``wait`` seconds (a long poll: A learns of a step when it ends with one call per step, not
+        ten a second; its own group of threads, so a watcher never holds up a cancel or a health check)."""
+        deadline = time.monotonic() + max(0.0, min(float(wait), 30.0))
+        with self._changed:
+            while True:
+                p = self._progress.get(request_id)
+                left = deadline - time.monotonic()
+                if left <= 0 or (p is not None and (len(p["steps"]) > after
+                                                    or p["state"] in ("done", "failed", "cancelled"))):
+                    break
+                self._changed.wait(left)
         if p is None:
             return {"state": "queued", "steps": [], "total": 0, "error": None}
         return {"state": p["state"], "steps": list(p["steps"]), "total": p["total"], "error": p["error"],
                 "cancel_at_step": p.get("cancel_at_step"), "preview": p.get("preview")}
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
 
     @ray.method(concurrency_group="control")
     def cancel(self, request_id: str) -> bool:
@@ -377,7 +395,8 @@ class DiTActorImpl(ResidentActorMixin):
 
 
 
-CONCURRENCY_GROUPS = {"denoise": 1, "control": 4}
+#: ``watch``: A's long polls of progress (one per request followed; each waits at most ``progress``'s bound)
+CONCURRENCY_GROUPS = {"denoise": 1, "control": 4, "watch": 8}
 _CLASS = None
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from comfy_h3_nodes.tools import bench
-from comfy_h3_nodes.tools.bench import handoff
+from comfy_h3_nodes.tools.bench import handoff, parallel
 from comfy_h3_nodes.engine.contract import wire
 
 SHAPE_BYTES = {
@@ -96,6 +96,29 @@ def test_preview_smoke(capsys):
     assert all(r["image"] == [84, 48] and 0 < r["jpeg_bytes"] < 16384 and r["cost_ms"] > 0 for r in shapes.values())
     assert shapes["1344x768x345/noise"]["latent_grid"] == [102, 48, 84] and isinstance(out["met"], bool)
     assert "% of a 31.4 s step" in table
+
+
+def test_parallel_smoke(ray_cluster, capsys):
+    """``bench parallel``: one JSON line with one rank's and a group of two's denoise (A's rank + a B worker), the
+    group's communication share, the speedup of the two and the shape it ran at (Ulysses over the packed rows)."""
+    out, table = _run(["parallel", "--quick", "--json"], capsys)
+    one, two = out["ranks"]["1"], out["ranks"]["2"]
+    assert one["denoise_s"] > 0 and two["denoise_s"] > 0 and 0 <= two["comm_share"] < 1
+    assert out["speedup"] == pytest.approx(one["denoise_s"] / two["denoise_s"], rel=1e-2)
+    assert out["shape"]["height"] == out["shape"]["width"] == 128 and out["shape"]["forwards"] == 2
+    assert out["shape"]["method"] == "ulysses" and out["shape"]["rows"] > 0 and out["shape"]["threads_per_rank"] == 1
+    assert "2 ranks (A + B)" in table and "goal >= 1.7" in table
+
+
+@pytest.mark.parametrize("text, want", [("384x640", (384, 640)), ("320X480", (320, 480)), (None, None)])
+def test_parallel_canvas_option(text, want):
+    assert parallel.parse_canvas(text) == want
+
+
+@pytest.mark.parametrize("text", ["384", "384x650", "0x640", "tall"])
+def test_parallel_canvas_option_refuses_what_it_cannot_run(text):
+    with pytest.raises(SystemExit, match="HEIGHTxWIDTH|multiples of 16"):
+        parallel.parse_canvas(text)
 
 
 def test_warm_smoke(ray_cluster, tiny_ckpt, capsys):

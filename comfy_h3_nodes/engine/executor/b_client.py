@@ -31,6 +31,8 @@ from ..contract.timing import StageRecord, StepRecord
 from ..model import catalog
 from ..model.backends import BACKENDS
 from . import pool as pl
+from . import progress
+from .progress import await_ref
 from .group import Groups
 from .failures import NODE_SETTLE_S, WORKER_LOST, WorkerLost, clean, first_line, node_lost_error, remote_error
 from .handoff import unwrap_ray_error
@@ -52,8 +54,6 @@ class Denoised:
     worker: pl.Worker | None = None
 
 
-async def await_ref(ref, timeout: float):
-    return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
 
 
 class BClient:
@@ -265,51 +265,10 @@ class BClient:
         return Denoised(rid, workflow, latents_ref, records, w)
 
     async def report_rest(self, b, rid: str, steps: tuple, seen: int, on_step, preview: bool) -> None:
-        """The steps that finished after the last poll, the last one with B's final preview (asked once, bounded:
-        a B too busy to answer costs the preview, never the result)."""
-        if on_step is None or seen >= len(steps):
-            return
-        pv = None
-        if preview:
-            try:
-                pv = received_preview(await await_ref(b.progress.remote(rid), self.timeouts.health), rid, -1)
-            except (asyncio.TimeoutError, ray.exceptions.RayError):
-                pv = None
-        for i, sec in enumerate(steps[seen:], start=seen):
-            on_step(StepRecord(i, len(steps), sec, rid, preview=pv if i == len(steps) - 1 else None))
+        await progress.report_rest(b, rid, steps, seen, on_step, preview, self.timeouts)
 
     async def follow(self, b, rid: str, fut, recs_ref, on_step) -> int:
-        """Until B's denoise ends: B's step events to ``on_step``, a cancel passed on once, the stall bound kept.
-        Returns how many steps were reported."""
-        seen, last_progress, cancel_sent, shown = 0, time.monotonic(), False, -1
-        while True:
-            done, _ = await asyncio.wait({fut}, timeout=self.timeouts.poll)
-            if done:
-                return seen
-            if rid in self.cancelled and not cancel_sent:
-                b.cancel.remote(rid)
-                cancel_sent = True
-            try:
-                prog = await await_ref(b.progress.remote(rid), self.timeouts.health)
-            except asyncio.TimeoutError:
-                prog = None  # B busy answering; the stall bound below still applies
-            steps = prog["steps"] if prog else []
-            if len(steps) > seen:
-                last_progress = time.monotonic()
-                pv = received_preview(prog, rid, shown)
-                for k, (i, total, sec) in enumerate(steps[seen:], start=seen):
-                    if on_step is not None:  # the newest preview rides with the newest step of this poll
-                        on_step(StepRecord(i, total, sec, rid, preview=pv if k == len(steps) - 1 else None))
-                seen, shown = len(steps), pv.step if pv is not None else shown
-            elif prog and prog["state"] in ("waiting", "queued"):
-                last_progress = time.monotonic()
-            if time.monotonic() - last_progress > self.timeouts.stall:
-                b.cancel.remote(rid)
-                ray.cancel(recs_ref)
-                raise H3Timeout(
-                    f"B made no denoise progress on request {rid} for {self.timeouts.stall:.0f} s; it was "
-                    "asked to stop. Check B with `python -m remote_worker status`."
-                )
+        return await progress.follow(b, rid, fut, recs_ref, on_step, self.timeouts, self.cancelled)
 
     async def node_gone(self, settle: float = 0.0, node_id: str | None = None) -> bool:
         """No alive Ray node offers role B any more (with ``node_id``: that B node is no longer alive): the head's
@@ -382,16 +341,3 @@ class BClient:
     def on_b_clock(self, records: list[StageRecord]) -> list[StageRecord]:
         return [dataclasses.replace(r, clock_offset_s=self.clock_offset_s) if r.machine == "B" else r
                 for r in records]
-
-
-def received_preview(prog: dict, rid: str, shown: int) -> wire.Preview | None:
-    """The preview in B's progress answer when it is new and valid; one that fails the contract is logged and
-    dropped (a preview never stops a denoise)."""
-    pv = prog.get("preview")
-    if pv is None or getattr(pv, "step", -1) <= shown:
-        return None
-    try:
-        return pv.validate() if isinstance(pv, wire.Preview) and pv.request_id == rid else None
-    except wire.WireError as exc:
-        log.warning("dropped B's preview of request %s: %s", rid, exc)
-        return None

@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     pa = common(sub.add_parser("parallel", help="one request's denoise on 1 rank vs a DiT group of 2 (A + B)"))
     pa.add_argument("--repeats", type=int, default=None, help="measured rounds (default 3; quick 1)")
     pa.add_argument("--steps", type=int, default=3, help="sigma points per request (default 3: 2 forwards)")
+    pa.add_argument("--canvas", default=None, help="HEIGHTxWIDTH at 124 frames (default 384x640: 9,363 packed rows; "
+                    "320x480: 6,033)")
     po = common(sub.add_parser("pool", help="B-bound requests through a pool of 1, then 2 DiT workers (bench_pool)"))
     po.add_argument("--requests", type=int, default=None, help="requests per run (default 8; quick 3)")
     po.add_argument("--ckpt", default=None)
@@ -116,7 +118,8 @@ def main(argv: list[str]) -> int:
     result: dict = {}
     verb = args.verb
     if verb == "parallel":  # its own cluster, ranks at nice 0: .parallel
-        res = parallel.run_parallel(args.repeats or (1 if quick else 3), args.steps, quick, log)
+        res = parallel.run_parallel(args.repeats or (1 if quick else 3), args.steps, quick, log,
+                                    canvas=parallel.parse_canvas(args.canvas))
         if args.json:
             print(json.dumps(res), flush=True)  # exactly {"ranks": {...}, "speedup": ..., "shape": {...}}
         return 0
