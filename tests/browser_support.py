@@ -12,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 
 CHROMIUM = os.environ.get("H3_CHROMIUM", "/usr/bin/chromium")
 # the last four keep Chromium from trying to reach the (closed) network at start
@@ -147,6 +148,51 @@ JS_FREE_MASK = """(step) => {
   return rows;
 }"""
 
+#: JS: the texts of the toasts the frontend shows now
+JS_TOASTS = "() => [...document.querySelectorAll('.p-toast-message')].map((t) => t.innerText.trim())"
+
+
+#: JS: what the frontend draws over the canvas, one entry per element (its tag, classes and first words), sampled
+#: like ``JS_FREE_MASK``: named when a node lies under it
+JS_COVERS = """(step) => {
+  const c = window.app.canvas.canvas, seen = new Map();
+  for (let y = step / 2; y < innerHeight; y += step)
+    for (let x = step / 2; x < innerWidth; x += step) {
+      const e = document.elementFromPoint(x, y);
+      if (e && e !== c && !seen.has(e))
+        seen.set(e, `${e.tagName.toLowerCase()}.${[...e.classList].slice(0, 3).join('.')} at (${x}, ${y}) `
+                    + JSON.stringify((e.innerText || '').trim().slice(0, 40)));
+    }
+  return [...seen.values()];
+}"""
+
+
+class Mask(list):
+    """A free-area mask (rows of ``.``/``#``) with what covers the ``#`` points, for an assertion's message."""
+
+    def __init__(self, rows, covers=()):
+        super().__init__(rows)
+        self.covers = list(covers)
+
+
+def stable_free_mask(page, toast_s: float = 20.0, stable_s: float = 15.0) -> list[str]:
+    """``JS_FREE_MASK`` of an emptied graph once the frontend has settled: a toast it shows on load (a passing one:
+    "reconnected", a slow answer) is waited out, bounded, and named if it stays; then the first mask that two
+    captures 400 ms apart agree on (a loaded machine caught the bars mid-layout once)."""
+    deadline = time.monotonic() + toast_s
+    while (shown := page.evaluate(JS_TOASTS)) and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    assert not shown, f"the frontend kept showing a toast over the canvas for {toast_s:.0f} s: {shown}"
+    mask, deadline = page.evaluate(JS_FREE_MASK, MASK_STEP), time.monotonic() + stable_s
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(400)
+        again = page.evaluate(JS_FREE_MASK, MASK_STEP)
+        if again == mask:
+            return Mask(mask, page.evaluate(JS_COVERS, MASK_STEP))
+        mask = again
+    raise AssertionError(f"what the frontend draws over the canvas kept changing for {stable_s:.0f} s")
+
+
 #: JS: every node's box on screen ``{id, type, box: [left, top, right, bottom], zoom, vue}`` with its title bar: the
 #: DOM element of a Vue node, else LiteGraph's bounding box through the canvas transform.
 JS_NODE_BOXES = """() => {
@@ -202,6 +248,8 @@ def covered(boxes: list[dict], mask: list[str], step: int = MASK_STEP) -> list[s
         if bad:
             out.append(f"{b['type']} {b['id']} {fmt_box(b['box'])}: {len(bad)} points under the frontend's bars or off "
                        f"screen (first {bad[0]})")
+    if out and getattr(mask, "covers", None):
+        out.append("what covers the canvas: " + "; ".join(mask.covers))
     return out
 
 

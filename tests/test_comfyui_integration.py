@@ -55,8 +55,8 @@ import uuid
 import pytest
 
 from browser_support import (
-    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_FREE_MASK, JS_NODE_BOXES, JS_WAIT_QUIET, MASK_STEP,
-    MIN_ZOOM, covered, frontend_static, missing_browser_parts, overlaps,
+    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_NODE_BOXES, JS_WAIT_QUIET,
+    MIN_ZOOM, covered, frontend_static, missing_browser_parts, overlaps, stable_free_mask,
 )
 from comfy_h3_nodes.engine.model.tiny_comfy import fixture
 
@@ -971,7 +971,7 @@ class ComfyPage:
     def free_mask(self) -> list[str]:
         self.page.evaluate("() => { window.app.graph.clear(); window.app.canvas.setDirty(true, true); }")
         self.settle(800)
-        return self.page.evaluate(JS_FREE_MASK, MASK_STEP)
+        return stable_free_mask(self.page)
 
     def boxes(self) -> list[dict]:
         return self.page.evaluate(JS_NODE_BOXES)

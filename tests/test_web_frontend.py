@@ -39,8 +39,8 @@ import uuid
 import pytest
 
 from browser_support import (
-    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_FREE_MASK, JS_NODE_BOXES, JS_WAIT_QUIET, MASK_STEP,
-    MIN_ZOOM, ThreadedServer, covered, frontend_static, missing_browser_parts, overlaps,
+    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_NODE_BOXES, JS_WAIT_QUIET,
+    MIN_ZOOM, ThreadedServer, covered, frontend_static, missing_browser_parts, overlaps, stable_free_mask,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -375,16 +375,7 @@ class FrontendPage:
         """Where the canvas shows through, on an empty graph (what the frontend draws over it is marked)."""
         self.page.evaluate("() => { window.app.graph.clear(); window.app.canvas.setDirty(true, true); }")
         self.settle(600)
-        # on a loaded machine the frontend may still be laying out its bars (or showing a passing toast): the mask is
-        # the first one that two captures 400 ms apart agree on
-        mask, deadline = self.page.evaluate(JS_FREE_MASK, MASK_STEP), time.monotonic() + 15
-        while time.monotonic() < deadline:
-            self.page.wait_for_timeout(400)
-            again = self.page.evaluate(JS_FREE_MASK, MASK_STEP)
-            if again == mask:
-                return mask
-            mask = again
-        raise AssertionError("what the frontend draws over the canvas kept changing for 15 s")
+        return stable_free_mask(self.page)
 
     def readouts(self) -> list[dict]:
         """Every H3 readout: its node, text, and whether its text fits the room the node gives it."""
