@@ -148,6 +148,32 @@ JS_FREE_MASK = """(step) => {
   return rows;
 }"""
 
+def no_browser(what: str, missing: str, hint: str):
+    """A browser test that cannot run: skipped where ``H3_SKIP_BROWSER=1`` says so, else a failure naming what is
+    missing and how to install it (a missing browser never passes silently)."""
+    import pytest  # the test runner: browser_support is also imported by the measuring scripts outside pytest
+
+    msg = f"{what} needs {missing}: {hint}"
+    if os.environ.get("H3_SKIP_BROWSER") == "1":
+        pytest.skip(msg)
+    pytest.fail(msg, pytrace=False)
+
+
+def launched_chromium(what: str, hint: str):
+    """A module fixture's body (``yield from``): Debian's Chromium driven by Playwright, closed afterwards."""
+    missing = missing_browser_parts()
+    if missing:
+        no_browser(what, " and ".join(missing), hint)
+    from playwright.sync_api import sync_playwright  # present: missing_browser_parts checked it
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
 #: JS: the texts of the toasts the frontend shows now
 JS_TOASTS = "() => [...document.querySelectorAll('.p-toast-message')].map((t) => t.innerText.trim())"
 
@@ -175,10 +201,32 @@ class Mask(list):
         self.covers = list(covers)
 
 
+#: JS: closes the frontend's "N errors found" panel (1.49+: missing models or inputs of the graph it was showing) and
+#: says whether there was one. The page boots into the frontend's default graph, whose checkpoint no test server has;
+#: that check may answer after the graph was cleared, and its panel then stays over the canvas until closed.
+JS_CLOSE_ERRORS = """() => {
+  const panels = [...document.querySelectorAll('div')].filter((d) => /\\d+ errors? found/.test(d.innerText || '')
+      && d.querySelector('button [class*="lucide--x"]'));
+  const panel = panels.sort((a, b) => a.innerText.length - b.innerText.length)[0];
+  const close = panel?.querySelector('button [class*="lucide--x"]')?.closest('button');
+  if (close) close.click();
+  return !!close;
+}"""
+
+
+#: JS: the text of the frontend's "N errors found" panel, or null
+JS_ERRORS_PANEL = """() => {
+  const panels = [...document.querySelectorAll('div')].filter((d) => /\\d+ errors? found/.test(d.innerText || ''));
+  return panels.sort((a, b) => a.innerText.length - b.innerText.length)[0]?.innerText.trim() ?? null;
+}"""
+
+
 def stable_free_mask(page, toast_s: float = 20.0, stable_s: float = 15.0) -> list[str]:
     """``JS_FREE_MASK`` of an emptied graph once the frontend has settled: a toast it shows on load (a passing one:
-    "reconnected", a slow answer) is waited out, bounded, and named if it stays; then the first mask that two
-    captures 400 ms apart agree on (a loaded machine caught the bars mid-layout once)."""
+    "reconnected", a slow answer) is waited out, bounded, and named if it stays; the errors panel of the default
+    graph it booted into is closed (``JS_CLOSE_ERRORS``); then the first mask that two captures 400 ms apart agree
+    on (a loaded machine caught the bars mid-layout once)."""
+    page.evaluate(JS_CLOSE_ERRORS)
     deadline = time.monotonic() + toast_s
     while (shown := page.evaluate(JS_TOASTS)) and time.monotonic() < deadline:
         page.wait_for_timeout(250)
@@ -186,6 +234,8 @@ def stable_free_mask(page, toast_s: float = 20.0, stable_s: float = 15.0) -> lis
     mask, deadline = page.evaluate(JS_FREE_MASK, MASK_STEP), time.monotonic() + stable_s
     while time.monotonic() < deadline:
         page.wait_for_timeout(400)
+        if page.evaluate(JS_CLOSE_ERRORS):  # the default graph's check answered late
+            page.wait_for_timeout(400)
         again = page.evaluate(JS_FREE_MASK, MASK_STEP)
         if again == mask:
             return Mask(mask, page.evaluate(JS_COVERS, MASK_STEP))
@@ -215,6 +265,18 @@ JS_NODE_BOXES = """() => {
     return { id: String(n.id), type: n.type, box, zoom: ds.scale, vue: !!el, size: [n.size[0], n.size[1]] };
   });
 }"""
+
+
+def opened_problems(name: str, page, mask: list[str]) -> list[str]:
+    """What is wrong with workflow ``name`` as the page shows it now: a zoom below ``MIN_ZOOM``, nodes over each
+    other, nodes under the frontend's bars (``mask``: ``stable_free_mask`` of the empty graph)."""
+    zoom = page.evaluate("() => window.app.canvas.ds.scale")
+    out = [f"{name}: opens at zoom {zoom:.3f} < {MIN_ZOOM}"] if zoom < MIN_ZOOM else []
+    errors = page.evaluate(JS_ERRORS_PANEL)
+    if errors:  # the frontend's own check of the graph (missing models, inputs or nodes) found something
+        out.append(f"{name}: the frontend says {errors!r}")
+    boxes = page.evaluate(JS_NODE_BOXES)
+    return out + [f"{name}: {x}" for x in overlaps(boxes) + covered(boxes, mask)]
 
 
 def overlaps(boxes: list[dict], slack: float = 1.0) -> list[str]:

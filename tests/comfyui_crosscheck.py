@@ -72,6 +72,18 @@ def randomize(module, scale=0.2, keep=()):
 CPU_DISABLED = {"float8_e4m3fn", "float8_e5m2", "nvfp4", "mxfp8"}
 
 
+def saved_reference(build, sd: dict, layers: list, variant: str, path):
+    """ComfyUI's module with the weights ``sd``, saved at ``path`` as Comfy-Org ships ``variant`` (fp32 as it is,
+    else quantised the way ComfyUI reads it back); the module is the reference the pack's load is compared with."""
+    if variant == "fp32":
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+        ref = build()
+        ref.load_state_dict(sd)
+    else:
+        ref, _ = quantized_file(build, sd, layers, variant, path)
+    return ref.requires_grad_(False)
+
+
 def quantized_file(build, sd: dict, layers, variant: str, path: pathlib.Path):
     """``sd`` with ``layers`` quantised by ComfyUI: a model of its mixed-precision ops (as ComfyUI builds them on a
     CPU) holding each as ComfyUI's QuantizedTensor, saved through ComfyUI's own ``state_dict`` to ``path``; returns
@@ -206,13 +218,7 @@ def check_video_vae():
     x = torch.randn(1, 3, 17, 32, 32, generator=torch.Generator().manual_seed(3))
     for variant in ("fp32", "int8_convrot"):
         path = folder / f"minimax_h3_video_vae_{variant}.safetensors"
-        if variant == "fp32":
-            save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
-            ref = build()
-            ref.load_state_dict(sd)
-        else:
-            ref, _ = quantized_file(build, sd, layers, variant, path)
-        ref.requires_grad_(False)
+        ref = saved_reference(build, sd, layers, variant, path)
         ours = comfy_files.load_part(comfy_files.detect_part(path, "vae"), F32)
         with torch.inference_mode():
             record(f"video_vae_{variant}_decode", ours.decoder(ours.post_quant_conv(z)), ref._decode_pixels(z))
@@ -292,13 +298,7 @@ def _check_text_encoder(MiniMaxQwen3VL):
     vocab = [str(COMFY / "comfy" / "text_encoders" / "qwen25_tokenizer")]
     for variant in ("fp32", "int8_convrot", "nvfp4"):
         path = folder / f"qwen3vl_32b_minimax_h3_{variant}.safetensors"
-        if variant == "fp32":
-            save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
-            ref = build()
-            ref.load_state_dict(sd)
-        else:
-            ref, _ = quantized_file(build, sd, layers, variant, path)
-        ref.requires_grad_(False)
+        ref = saved_reference(build, sd, layers, variant, path)
         ours = comfy_files.load_part(comfy_files.detect_part(path, "text_encoder", tokenizer_dirs=vocab), F32)
         with torch.inference_mode():
             x, _ = ref(ids)

@@ -85,6 +85,34 @@ def denoise(b, a, req, **kw):
     return b.denoise(payload, call_of(req, payload), **kw)
 
 
+def encode_each(a, workflows, media) -> dict:
+    """Per workflow: its request encoded on A side ``a`` and its denoise call (``b.denoise(*out[wf])``)."""
+    out = {}
+    for wf in workflows:
+        req = workflow_request(wf, media)[0]
+        payload = a.encode(req)
+        out[wf] = (payload, call_of(req, payload))
+    return out
+
+
+def denoise_each(ckpt, encoded: dict, dtype: str = "bfloat16") -> dict:
+    """Per workflow: the latents a B side on the diffusers folder ``ckpt`` (in this process) makes of ``encoded``."""
+    from remote_worker.b_side import BSide  # B's side: only the tests that denoise in this process load it
+
+    b = BSide(ckpt, dtype=dtype)
+    return {wf: b.denoise(*enc).latents for wf, enc in encoded.items()}
+
+
+def add_b2(cluster, ip: str):
+    """A second B node for a module's tests (``yield from``): removed afterwards unless a test removed it."""
+    node = cluster.add_b_node(ip, num_cpus=2)
+    yield node
+    try:
+        cluster.remove_node(node)
+    except Exception:  # noqa: BLE001 - a test removed it already (the worker that leaves)
+        pass
+
+
 _REFERENCE_CACHE: dict = {}
 
 

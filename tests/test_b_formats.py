@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from comfy_h3_nodes.engine.model import memory_plan as mp
-from conftest import call_of, single_process_reference, workflow_request
+from conftest import denoise_each, encode_each, single_process_reference
 
 LOSSY_TOL = 0.1
 
@@ -35,20 +35,12 @@ def a_bf16(tiny_ckpt):
 @pytest.fixture(scope="module")
 def encoded(a_bf16, media):
     """Per workflow: the encoded payload and its denoise call (``b.denoise(*encoded[wf])``)."""
-    out = {}
-    for wf in ("t2va", "ref2va"):
-        req = workflow_request(wf, media)[0]
-        payload = a_bf16.encode(req)
-        out[wf] = (payload, call_of(req, payload))
-    return out
+    return encode_each(a_bf16, ("t2va", "ref2va"), media)
 
 
 @pytest.fixture(scope="module")
 def folder_latents(tiny_ckpt, encoded):
-    from remote_worker.b_side import BSide
-
-    b = BSide(tiny_ckpt, dtype="bfloat16")
-    return {wf: b.denoise(*enc).latents for wf, enc in encoded.items()}
+    return denoise_each(tiny_ckpt, encoded)
 
 
 def test_single_file_bf16_bit_exact(tiny_ckpt, a_bf16, encoded, folder_latents, media):

@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import save_file
 
 from comfy_h3_nodes.engine.contract import wire
-from comfy_h3_nodes.engine.model import comfy_keys, formats, memory_plan as mp, quant, tiny_comfy
+from comfy_h3_nodes.engine.model import comfy_keys, formats, memory_plan as mp, tiny_comfy
 from comfy_h3_nodes.engine.model.tiny_comfy import fixture
-from conftest import call_of, workflow_request
+from conftest import denoise_each, encode_each, workflow_request
 
 PRUNED_TOL = 0.05
 TE_TOL = {"bf16": 0.005, "int8_convrot": 0.02, "nvfp4_awq": 0.2}
@@ -43,20 +43,12 @@ def a_side(tiny_ckpt):
 
 @pytest.fixture(scope="module")
 def encoded(a_side, media):
-    out = {}
-    for wf in WORKFLOWS:
-        req = workflow_request(wf, media)[0]
-        payload = a_side.encode(req)
-        out[wf] = (payload, call_of(req, payload))
-    return out
+    return encode_each(a_side, WORKFLOWS, media)
 
 
 @pytest.fixture(scope="module")
 def folder_latents(tiny_ckpt, encoded):
-    from remote_worker.b_side import BSide
-
-    b = BSide(tiny_ckpt, dtype="bfloat16")
-    return {wf: b.denoise(*enc).latents for wf, enc in encoded.items()}
+    return denoise_each(tiny_ckpt, encoded)
 
 
 # ------------------------------------------------------------------------------------------------ detection

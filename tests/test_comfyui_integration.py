@@ -55,8 +55,8 @@ import uuid
 import pytest
 
 from browser_support import (
-    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_NODE_BOXES, JS_WAIT_QUIET,
-    MIN_ZOOM, covered, frontend_static, missing_browser_parts, overlaps, stable_free_mask,
+    FIRST_SCREEN, FRONTEND_VERSIONS, JS_NODE_BOXES, JS_WAIT_QUIET,
+    frontend_static, launched_chromium, opened_problems, overlaps, stable_free_mask,
 )
 from comfy_h3_nodes.engine.model.tiny_comfy import fixture
 
@@ -882,21 +882,8 @@ def test_comfy_org_files_match_comfyuis_own_modules(tmp_path, capsys):
 # ------------------------------------------------------------------------------------------------ browser
 @pytest.fixture(scope="module")
 def browser():
-    missing = missing_browser_parts()
-    if missing:
-        msg = (f"the browser checks need {' and '.join(missing)}: apt-get install -y chromium && pip install "
-               "playwright (no `playwright install`), or set H3_SKIP_BROWSER=1")
-        if os.environ.get("H3_SKIP_BROWSER") == "1":
-            pytest.skip(msg)
-        pytest.fail(msg, pytrace=False)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    yield from launched_chromium("the browser checks", "apt-get install -y chromium && pip install playwright (no "
+                                 "`playwright install`), or set H3_SKIP_BROWSER=1")
 
 
 def _installed_frontend() -> str | None:
@@ -1013,11 +1000,7 @@ def test_every_template_opens_readable_on_the_first_screen(comfyui_frontends, br
         problems = []
         for name in TEMPLATES:
             page.open_file(name, _template(name)[1])
-            zoom = page.page.evaluate("() => window.app.canvas.ds.scale")
-            if zoom < MIN_ZOOM:
-                problems.append(f"{name}: opens at zoom {zoom:.3f}")
-            boxes = page.boxes()
-            problems += [f"{name}: {x}" for x in overlaps(boxes) + covered(boxes, mask)]
+            problems += opened_problems(name, page.page, mask)
             page.shot(f"{name}_open")
         assert not problems, "\n".join(problems)
         page.assert_clean()

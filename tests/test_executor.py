@@ -183,6 +183,14 @@ def test_cancel_mid_denoise_stops_b_within_one_step(executor, media):
     assert time.monotonic() - t0 < 30
     progress = ray.get(executor.b.progress.remote(req.request_id), timeout=10)
     assert progress["state"] == "cancelled"
+    # A's long poll: a request that has ended answers at once, whatever step A waits for; one B does not know answers
+    # "queued" when its wait is over, never later
+    t1 = time.monotonic()
+    assert ray.get(executor.b.progress.remote(req.request_id, 10**6, 20.0), timeout=10)["state"] == "cancelled"
+    assert time.monotonic() - t1 < 5
+    t1 = time.monotonic()
+    assert ray.get(executor.b.progress.remote("no-such-request", 0, 0.5), timeout=10)["state"] == "queued"
+    assert 0.4 <= time.monotonic() - t1 < 5
     # B finishes at most the step it was in when the cancel arrived, then stops
     assert progress["cancel_at_step"] is not None and progress["cancel_at_step"] >= 3
     assert len(progress["steps"]) - progress["cancel_at_step"] <= 1

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from comfy_h3_nodes.engine.contract.errors import H3Cancelled
-from conftest import workflow_request
+from conftest import add_b2, workflow_request
 
 B2_IP = "127.0.0.4"
 PARALLEL_TOL = 1e-4
@@ -34,12 +34,7 @@ def par_ckpt(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def b2(ray_cluster):
-    node = ray_cluster.add_b_node(B2_IP, num_cpus=2)
-    yield node
-    try:
-        ray_cluster.remove_node(node)
-    except Exception:  # noqa: BLE001 - removed already
-        pass
+    yield from add_b2(ray_cluster, B2_IP)
 
 
 @pytest.fixture(scope="module")

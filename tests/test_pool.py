@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from comfy_h3_nodes.engine.executor import pool as pl
-from conftest import workflow_request
+from conftest import add_b2, workflow_request
 
 B1_IP, B2_IP = "127.0.0.3", "127.0.0.4"
 NS = "comfy_h3"
@@ -109,12 +109,7 @@ def status(actor) -> dict:
 
 @pytest.fixture(scope="module")
 def b2_node(ray_cluster):
-    node = ray_cluster.add_b_node(B2_IP, num_cpus=2)
-    yield node
-    try:
-        ray_cluster.remove_node(node)
-    except Exception:  # noqa: BLE001 - a test removed it already (the worker that leaves)
-        pass
+    yield from add_b2(ray_cluster, B2_IP)
 
 
 @pytest.fixture(scope="module")

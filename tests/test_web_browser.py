@@ -24,7 +24,7 @@ import shutil
 
 import pytest
 
-from browser_support import CHROMIUM, CHROMIUM_ARGS, ThreadedServer, missing_browser_parts
+from browser_support import ThreadedServer, launched_chromium
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 WEB = ROOT / "web"
@@ -215,19 +215,7 @@ class HarnessServer(ThreadedServer):
 
 @pytest.fixture(scope="module")
 def browser():
-    skip = os.environ.get("H3_SKIP_BROWSER") == "1"
-    missing = missing_browser_parts()
-    if missing:
-        msg = f"browser test needs {' and '.join(missing)}: {INSTALL_HINT}"
-        if skip:
-            pytest.skip(msg)
-        pytest.fail(msg, pytrace=False)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
+    yield from launched_chromium("browser test", INSTALL_HINT)
 
 
 @pytest.fixture(scope="module")
@@ -412,7 +400,7 @@ def test_replay_readouts_and_timeline(page, tmp_path, capsys):
         # pointing shows the numbers in the details box
         den = [r for r in recs if r["stage"] == "denoise"]
         if den:
-            wf.locator(f'.h3-bar[data-stage="denoise"] .h3-bar-rect').hover()
+            wf.locator('.h3-bar[data-stage="denoise"] .h3-bar-rect').hover()
             n = len(den[0].get("steps") or [])
             p.page.wait_for_function("(want) => document.querySelector('#sidebar-content .h3-details')"
                                      "?.textContent.includes(want)", arg=f"{n} forwards ({n + 1} sigma points)")

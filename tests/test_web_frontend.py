@@ -39,8 +39,8 @@ import uuid
 import pytest
 
 from browser_support import (
-    CHROMIUM, CHROMIUM_ARGS, FIRST_SCREEN, FRONTEND_VERSIONS, JS_NODE_BOXES, JS_WAIT_QUIET,
-    MIN_ZOOM, ThreadedServer, covered, frontend_static, missing_browser_parts, overlaps, stable_free_mask,
+    FIRST_SCREEN, FRONTEND_VERSIONS, JS_NODE_BOXES, JS_WAIT_QUIET,
+    ThreadedServer, frontend_static, launched_chromium, no_browser, opened_problems, overlaps, stable_free_mask,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -291,21 +291,7 @@ class FrontendServer(ThreadedServer):
 
 @pytest.fixture(scope="module")
 def chromium():
-    skip = os.environ.get("H3_SKIP_BROWSER") == "1"
-    missing = missing_browser_parts()
-    if missing:
-        msg = f"the real-frontend test needs {' and '.join(missing)}: {INSTALL_HINT}"
-        if skip:
-            pytest.skip(msg)
-        pytest.fail(msg, pytrace=False)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    yield from launched_chromium("the real-frontend test", INSTALL_HINT)
 
 
 @pytest.fixture(scope="module", params=FRONTEND_VERSIONS)
@@ -314,10 +300,7 @@ def frontend(request, chromium):
     version = request.param
     static = frontend_static(version)
     if isinstance(static, str):
-        msg = f"the real-frontend test needs {static}: {INSTALL_HINT}"
-        if os.environ.get("H3_SKIP_BROWSER") == "1":
-            pytest.skip(msg)
-        pytest.fail(msg, pytrace=False)
+        no_browser("the real-frontend test", static, INSTALL_HINT)
     assert (RECORDED / version / "responses.json").is_file(), (
         f"no answers recorded for frontend {version}: run tests/web/record_frontend_fixtures.py against a ComfyUI "
         f"started with --front-end-root <that version's static folder>")
@@ -621,11 +604,7 @@ def test_templates_open_on_the_first_screen_and_keep_their_room(frontend, vue):
         problems = []
         for name in TEMPLATES:
             p.open_workflow(name)
-            zoom = p.page.evaluate("() => window.app.canvas.ds.scale")
-            if zoom < MIN_ZOOM:
-                problems.append(f"{name}: opens at zoom {zoom:.3f} < {MIN_ZOOM}")
-            boxes = p.boxes()
-            problems += [f"{name}: {x}" for x in overlaps(boxes) + covered(boxes, mask)]
+            problems += opened_problems(name, p.page, mask)
             p.shot(f"{name}_{'vue' if vue else 'litegraph'}_open")
             # every node's readout filled with a run's figures
             events = []

@@ -55,7 +55,8 @@ def run_step_overhead(iterations: int = 10_000, model_steps: int = 20, model_rep
         loop.sub_blocks["h3_step_end"] = _hook_block("end", slot)
         hooked.append(run(iterations) / iterations)
     slot.monitor = None
-    # The executor polls B's progress every 0.1 s; one poll copies the step list (50 steps).
+    # A follows B with a long poll B answers once per step (and every 2 s when none ends); one answer copies the
+    # step list (50 steps).
     monitor = one_request("poll")
     for i in range(total):
         monitor.start(i)
@@ -79,7 +80,7 @@ def run_step_overhead(iterations: int = 10_000, model_steps: int = 20, model_rep
              f"  {'diffusers loop dispatch, no hooks':52} {out['empty_step_us']:9.3f} us",
              f"  {'+ our 2 hook blocks, StepMonitor, progress, cancel':52} {out['hooked_step_us']:9.3f} us "
              f"(overhead {out['overhead_us']:.3f} us)",
-             f"  {'one progress poll (50 steps copied; every 0.1 s)':52} {out['progress_poll_us']:9.3f} us"]
+             f"  {'one progress answer (50 steps copied; once a step)':52} {out['progress_poll_us']:9.3f} us"]
     if with_model:
         out["tiny_model"] = _step_overhead_model(model_steps, model_repeats, ckpt)
         m = out["tiny_model"]
