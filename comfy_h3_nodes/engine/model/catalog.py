@@ -61,7 +61,6 @@ def tiny_checkpoint_dir(announce=print, name: str = TINY) -> pathlib.Path:
         if (path / MODEL_INDEX).is_file():
             return path
         # built on first use: torch and diffusers load only then
-        from .split import quiet_weight_norm  # noqa: PLC0415
         from .tiny import build_tiny_checkpoint  # noqa: PLC0415
         from .tiny_fasth3 import build_tiny_fasth3  # noqa: PLC0415
 
@@ -70,11 +69,10 @@ def tiny_checkpoint_dir(announce=print, name: str = TINY) -> pathlib.Path:
                      "(first use, a few seconds)")
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=root))
         try:
-            with quiet_weight_norm():  # the audio VAE's construction warns on every build
-                if fasth3:
-                    build_tiny_fasth3(tmp / "ckpt", seed=TINY_SEED)
-                else:
-                    build_tiny_checkpoint(tmp / "ckpt", seed=TINY_SEED, formats=False)  # the model only: no fixtures
+            if fasth3:
+                build_tiny_fasth3(tmp / "ckpt", seed=TINY_SEED)
+            else:
+                build_tiny_checkpoint(tmp / "ckpt", seed=TINY_SEED, formats=False)  # the model only: no fixtures
             if path.exists():  # a broken earlier build (no index): replace it
                 shutil.rmtree(path)
             os.replace(tmp / "ckpt", path)

@@ -51,7 +51,7 @@ from transformers import AutoTokenizer, Qwen3VLConfig, Qwen3VLForConditionalGene
 
 from . import comfy_keys, formats, quant
 from .compat import ensure_processor_compat
-from .split import LoadRecord, torch_dtype
+from .split import LoadRecord, quiet_weight_norm, torch_dtype
 
 #: the hidden state MiniMax-H3 reads (diffusers' ``text_encoder_layer``)
 TEXT_LAYER = 50
@@ -174,7 +174,8 @@ def skeleton(component: str, config: dict, source_tensors: dict | None = None):
     with init_empty_weights():
         if component == "text_encoder":
             return Qwen3VLForConditionalGeneration(cfg)
-        model = CLASSES[component].from_config(cfg)
+        with quiet_weight_norm():  # the audio VAE's construction warns on every build (split.quiet_weight_norm)
+            model = CLASSES[component].from_config(cfg)
         if component == "audio_vae":  # the file holds the folded weights: no weight norm to recompute them by
             for module in model.modules():
                 if hasattr(module, "weight_g"):

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -60,6 +59,7 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 from . import formats
 from .compat import ensure_processor_compat
+from .split import quiet_weight_norm
 from .tiny_comfy import write_comfy_fixtures
 
 __all__ = [
@@ -319,6 +319,11 @@ def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True, transfor
     (every Comfy-Org layout of the transformers, text encoder and VAEs: :mod:`.tiny_comfy`).
     ``transformer`` overrides the transformers' config (e.g. :data:`PARALLEL_TRANSFORMER`).
     """
+    with quiet_weight_norm():  # the audio VAE warns on every construction (split.quiet_weight_norm)
+        return _build(out_dir, seed, formats, transformer)
+
+
+def _build(out_dir, seed: int, formats: bool, transformer: dict | None) -> Path:
     ensure_processor_compat()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
