@@ -167,6 +167,16 @@ class ComfyUI:
 
 
 @contextlib.contextmanager
+def _random_taeh3(comfy_dir: pathlib.Path, python: str, path: pathlib.Path) -> None:
+    """ComfyUI's tiny preview decoder for H3 (its own ``TAEHV`` at H3's 24 latent channels), random weights, saved
+    where ComfyUI's ``taesd`` previews look for ``taeh3``: built by ComfyUI's Python from ComfyUI's code."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    code = ("import sys, torch; from safetensors.torch import save_file; from comfy.taesd.taehv import TAEHV; "
+            "torch.manual_seed(0); m = TAEHV(latent_channels=24); "
+            "save_file({k: v.contiguous() for k, v in m.state_dict().items()}, sys.argv[1])")
+    subprocess.run([python, "-c", code, str(path)], cwd=comfy_dir, check=True, timeout=120, capture_output=True)
+
+
 def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path | None = None):
     """A ComfyUI with this pack (and, with ``front_end_root``, another frontend version's files: ``--front-end-root``)
     in its own folders under pytest's tmp folder; stopped with everything it started when the block ends."""
@@ -191,10 +201,12 @@ def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path |
         shutil.copy(fixture(tiny_ckpt, label), root / "models" / rel)
     shutil.copytree(tiny_ckpt / "comfy" / "diffusion_models" / "transformer",
                     root / "models" / "diffusion_models" / "transformer")  # the tiny config, beside the DiT file
+    _random_taeh3(comfy_dir, python, root / "models" / "vae_approx" / "taeh3.safetensors")
     yaml = root / "extra_model_paths.yaml"
     yaml.write_text(f"comfy_h3_test:\n  custom_nodes: {packs}\n  diffusers: {diffusers}\n"
                     f"  text_encoders: {root / 'models' / 'text_encoders'}\n  vae: {root / 'models' / 'vae'}\n"
-                    f"  diffusion_models: {root / 'models' / 'diffusion_models'}\n")
+                    f"  diffusion_models: {root / 'models' / 'diffusion_models'}\n"
+                    f"  vae_approx: {root / 'models' / 'vae_approx'}\n")
     port = _free_port()
     cmd = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--disable-auto-launch",
            "--extra-model-paths-config", str(yaml), "--disable-all-custom-nodes", "--whitelist-custom-nodes", PACK,
@@ -696,11 +708,12 @@ def test_template_with_parallel_a_plus_b_runs_to_mp4(comfyui, tmp_path):
     assert any(g and [r["machine"] for r in g["ranks"]] == ["A", "B"] for g in groups), groups
 
 
-@pytest.mark.parametrize("method", ["latent2rgb", "none"])
+@pytest.mark.parametrize("method", ["latent2rgb", "taesd", "none"])
 def test_denoise_shows_live_previews_as_the_preview_method_says(comfyui, tiny_ckpt, method):
     """ComfyUI's preview method for the prompt (what the frontend's setting sends): latent2rgb shows B's estimate on
     H3RemoteDenoise through ComfyUI's progress bar, updating with the steps, and keeps the last one on the node;
-    none shows none."""
+    taesd (ComfyUI's taeh3 in vae_approx) has B send its latent frame and A decode it with ComfyUI's own tiny
+    decoder; none shows none."""
     api, ui = _prompt(tiny_ckpt, steps=30, width=128, height=128, seed=7)
     pid, messages, entry = asyncio.run(_run(comfyui, api, ui, extra={"preview_method": method}))
     errors = _of(messages, "execution_error", pid)
@@ -713,13 +726,18 @@ def test_denoise_shows_live_previews_as_the_preview_method_says(comfyui, tiny_ck
         assert not previews and not with_preview and "preview method is none" in readout["note"]
         assert "images" not in entry["outputs"]["5"]
         return
-    # B's JPEG is 64x64 (an 8x8 latent frame, enlarged 8x); ComfyUI contains it in its preview size (512)
+    # latent2rgb: B's JPEG is 64x64 (an 8x8 latent frame, enlarged 8x); taesd: ComfyUI's taeh3 decodes the 8x8
+    # frame on A to 128x128 pixels (16x, as the VAE would); ComfyUI contains either in its preview size (512)
+    side = 128 if method == "taesd" else 64
     assert len(previews) >= 2 and all(p["size"] == (512, 512) for p in previews), previews[:3]
     steps = [p["preview"]["step"] for p in with_preview]
     assert len(steps) == len(previews) and steps == sorted(set(steps)) and steps[-1] == 29, steps
-    assert all((p["preview"]["width"], p["preview"]["height"]) == (64, 64) and p["preview"]["bytes"] < 8192
-               for p in with_preview)
-    assert readout["count"] >= len(previews) and readout["source"] == "ComfyUI latent_formats.MiniMaxH3Video"
+    assert all((p["preview"]["width"], p["preview"]["height"]) == (side, side) and p["preview"]["bytes"] < 16384
+               for p in with_preview), with_preview[:2]
+    source = "ComfyUI's taeh3.safetensors (vae_approx)" if method == "taesd" else "ComfyUI latent_formats.MiniMaxH3Video"
+    assert readout["count"] >= len(previews) and readout["source"] == source, readout
+    if method == "taesd":
+        assert "A decodes it with ComfyUI's taeh3.safetensors" in readout["note"], readout
     (kept,) = entry["outputs"]["5"]["images"]  # the last preview stays on the node
     assert kept["type"] == "temp" and kept["filename"].startswith("h3_preview_5_")
     status, ctype, body = asyncio.run(_get(comfyui, f"/view?filename={kept['filename']}&type=temp"))

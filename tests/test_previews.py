@@ -121,7 +121,9 @@ def test_previews_reach_the_denoise_nodes_bar_every_step_and_change_nothing(prev
     assert Image.open(io.BytesIO(kept)).size == (32, 32)
     summary = out["ui"]["h3_timing"][0]["summary"]["preview"]
     assert len(steps) <= summary["count"] <= 39 and summary["size"] == [32, 32] and summary["source"] == "test"
-    assert summary["count"] >= 39 // summary["every"]  # B previews every k-th step, k chosen to cost <= 1 %
+    # B previews every k-th step, k re-chosen as it goes so previews cost <= 1 % of a step (on a loaded machine k
+    # changes during the run, so the count is only bounded by the final k from above)
+    assert 2 <= summary["count"] <= 39 and summary["every"] >= 1
     assert 0 < summary["cost_s"] and summary["share_of_step"] > 0
     # previews read B's state and change nothing: the same seed without them gives the same latents
     with_pv = out["result"][0][0].latents().latents.to_torch()
@@ -162,3 +164,80 @@ def test_b_refuses_previews_it_cannot_make_without_failing_the_denoise(executor,
     job.result()
     den = next(r for r in job.records if r.stage == "denoise")
     assert "no previews" in den.note and "16 rows" in den.note
+
+
+# ------------------------------------------------------------------------------------------------ latent previews
+def test_latent_preview_payload_is_checked_on_arrival():
+    frame = np.zeros((24, 4, 6), np.float16)
+    ok = wire.Preview("r", 0, 3, b"", 6, 4, latent=frame).validate()
+    assert ok.latent.shape == (24, 4, 6)
+    for bad, words in ((frame.astype(np.float32), "expected a float16"), (frame[0], "expected a float16"),
+                       (np.zeros((24, 5, 6), np.float16), "has shape"), (np.zeros((80, 4, 6), np.float16), "has shape"),
+                       (np.full((24, 4, 6), np.nan, np.float16), "NaN")):
+        with pytest.raises(wire.WireError, match=words):
+            wire.Preview("r", 0, 3, b"", 6, 4, latent=bad).validate()
+    big = np.zeros((64, 130, 130), np.float16)  # over PREVIEW_MAX_LATENT_BYTES
+    with pytest.raises(wire.WireError, match="over the"):
+        wire.Preview("r", 0, 3, b"", 130, 130, latent=big).validate()
+
+
+def test_b_sends_its_latent_frame_when_a_decodes_previews():
+    """Method ``latent``: B's preview is the float16 estimate of the frame latent2rgb would have drawn."""
+    grid, patch = (3, 4, 6), (1, 2, 2)
+    rows = 2 + 3 * (4 // 2) * (6 // 2)
+    lat = torch.randn(rows, 24 * 4, generator=torch.Generator().manual_seed(1))
+    vel = torch.randn(rows, 24 * 4, generator=torch.Generator().manual_seed(2))
+    pv = preview.Previewer(wire.PreviewSpec("latent", FACTORS), "r").make(
+        0, 3, lat, vel, 0.5, condition_rows=2, grid=grid, patch=patch, step_s=1.0).validate()
+    x0 = preview.x0_frame(lat, vel, 0.5, condition_rows=2, grid=grid, patch=patch, frame=1)
+    assert pv.jpeg == b"" and (pv.width, pv.height) == (6, 4) and pv.latent.dtype == np.float16
+    assert np.array_equal(pv.latent, x0.half().numpy())
+
+
+@pytest.fixture
+def decoding(previewing):
+    """The local host with a preview decoder (what ComfyHost finds as taeh3 in vae_approx): latent2rgb of the frame
+    it gets, 4x larger, so what reaches the bar is visibly the decoder's."""
+    got = []
+
+    def decode(latent):
+        got.append(latent)
+        rgb = preview.to_rgb(torch.from_numpy(latent.astype(np.float32)), spec())
+        img = Image.fromarray(rgb.numpy(), "RGB")
+        img = img.resize((img.width * 4, img.height * 4))
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG")
+        return buf.getvalue(), img.width, img.height
+
+    previewing.preview, previewing.decoder = "taesd", (decode, "test decoder")
+    yield previewing, got
+    previewing.decoder = None
+
+
+def test_taesd_previews_are_decoded_on_a_by_the_hosts_decoder(decoding, executor, tiny_ckpt):
+    host, got = decoding
+    N, _enc, dit, cond = _graph(executor, tiny_ckpt)
+    start = len(host.events)
+    out = asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 5, 6, unique_id="5"))
+    shown = [d for e, d in host.events[start:] if e == "h3.preview"]
+    # a 64x64 canvas is a 4x4 latent frame: the decoder got it as it is and drew it 4x larger (16x16)
+    assert shown and all((d["width"], d["height"]) == (16, 16) for d in shown), shown
+    assert got and all(x.dtype == np.float16 and x.shape == (24, 4, 4) for x in got)
+    assert Image.open(io.BytesIO(host.kept["5"])).size == (16, 16)
+    summary = out["ui"]["h3_timing"][0]["summary"]["preview"]
+    assert "A decodes it with test decoder" in summary["note"] and summary["source"] == "test decoder"
+
+
+def test_a_decoder_that_fails_costs_the_preview_not_the_denoise(decoding, executor, tiny_ckpt):
+    host, _ = decoding
+
+    def broken(latent):
+        raise RuntimeError("decoder file is damaged")
+
+    host.decoder = (broken, "broken decoder")
+    N, _enc, dit, cond = _graph(executor, tiny_ckpt)
+    start = len(host.events)
+    out = asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 5, 4, unique_id="5"))
+    assert out["result"][0][0].latents().latents.to_torch().isfinite().all()
+    assert not [d for e, d in host.events[start:] if e == "h3.preview"]
+    assert [d for e, d in host.events[start:] if e == "h3.progress"]  # the steps still show

@@ -3,14 +3,20 @@ of the pack that imports ComfyUI (``comfy``, ``server``, ``folder_paths``); impo
 
 from __future__ import annotations
 
+import functools
 import io
 import pathlib
+import threading
 import uuid
 
 import comfy.latent_formats
 import comfy.model_management
+import comfy.sd
 import comfy.utils
 import folder_paths
+import latent_preview
+import numpy as np
+import torch
 from comfy.cli_args import args
 from PIL import Image
 from server import PromptServer
@@ -26,6 +32,28 @@ class ComfyProgress(ProgressReporter):
         """``preview``: B's :class:`~..engine.contract.wire.Preview`, shown the way a sampler's preview is."""
         image = None if preview is None else ("JPEG", Image.open(io.BytesIO(preview.jpeg)), args.preview_size)
         self.bar.update_absolute(value, total, image)
+
+
+@functools.lru_cache(maxsize=2)
+def _preview_vae(path: str):
+    """ComfyUI's own loader for the tiny preview decoder (``comfy.sd.VAE`` recognises taeh3 by its keys), once."""
+    vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(path))
+    vae.first_stage_model.show_progress_bar = False
+    return latent_preview.TAEHVPreviewerImpl(vae)
+
+
+def _decode_preview(path: str, max_side: int, latent) -> tuple[bytes, int, int]:
+    """One latent frame ``[C, h, w]`` through ComfyUI's taeh3 previewer (the one its samplers use), as a JPEG."""
+    x0 = torch.from_numpy(np.asarray(latent, dtype=np.float32))[None, :, None]  # [1, C, 1, h, w]
+    with _PREVIEW_LOCK:  # one decode at a time: requests in flight share the resident decoder
+        image = _preview_vae(path).decode_latent_to_preview(x0)
+    image.thumbnail((max_side, max_side))
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="JPEG", quality=85)
+    return buf.getvalue(), image.width, image.height
+
+
+_PREVIEW_LOCK = threading.Lock()
 
 
 class ComfyHost:
@@ -87,6 +115,22 @@ class ComfyHost:
             return None
         return fmt.latent_rgb_factors, fmt.latent_rgb_factors_bias or [0.0, 0.0, 0.0], \
             "ComfyUI latent_formats.MiniMaxH3Video"
+
+    def preview_decoder(self):
+        """ComfyUI's tiny preview decoder for H3 latents (``taeh3*`` in its ``vae_approx`` folder, the file ComfyUI's
+        own ``taesd`` previews load) as ``(decode, source)``, ``decode(latent [C, h, w]) -> (jpeg, width, height)``;
+        None when this ComfyUI has no such file."""
+        name = getattr(getattr(comfy.latent_formats, "MiniMaxH3Video", None), "taesd_decoder_name", None)
+        if not name:
+            return None
+        try:
+            found = sorted(f for f in folder_paths.get_filename_list("vae_approx") if f.startswith(name))
+        except KeyError:  # a ComfyUI without that folder kind
+            return None
+        if not found:
+            return None
+        path = folder_paths.get_full_path("vae_approx", found[0])
+        return functools.partial(_decode_preview, path, self.preview_size()), f"ComfyUI's {found[0]} (vae_approx)"
 
     def keep_preview(self, jpeg: bytes, node_id: str | None) -> dict | None:
         """The last preview kept on the node after the run: a file in ComfyUI's temp folder, as a ``ui`` image."""

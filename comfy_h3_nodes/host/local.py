@@ -67,6 +67,9 @@ class LocalHost:
         #: without ComfyUI: previews only when asked for (``H3_PREVIEW=latent2rgb``) and given factors
         self.preview = os.environ.get("H3_PREVIEW", "none")
         self.factors: tuple[list, list, str] | None = None
+        #: ``(decode, source)`` for the ``taesd`` method: ``decode(latent [C, h, w] float16) -> (jpeg, width,
+        #: height)``; none without ComfyUI (a caller may set one)
+        self.decoder: tuple[Callable, str] | None = None
         self.kept: dict[str, bytes] = {}
 
     def progress(self, node_id: str | None, total: int, desc: str = "H3") -> ProgressReporter:
@@ -112,6 +115,9 @@ class LocalHost:
 
     def preview_factors(self) -> tuple[list, list, str] | None:
         return self.factors
+
+    def preview_decoder(self) -> tuple[Callable, str] | None:
+        return self.decoder
 
     def keep_preview(self, jpeg: bytes, node_id: str | None) -> dict | None:
         self.kept[str(node_id)] = jpeg

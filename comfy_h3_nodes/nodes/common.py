@@ -211,6 +211,8 @@ class StepEvents:
 
     def __call__(self, ev) -> None:  # runs on the executor's thread
         h = host()
+        if ev.preview is not None and ev.preview.latent is not None:  # B's latent frame: decoded here, on A
+            ev = dataclasses.replace(ev, preview=decoded_preview(ev.preview))
         if ev.preview is not None:
             self.last_preview = ev.preview
         if self.bar is not None:
@@ -240,6 +242,20 @@ class StepEvents:
         return [image] if image else []
 
 
+def decoded_preview(pv):
+    """B's latent preview frame decoded on A by the host's preview decoder, as a JPEG preview; None (no preview this
+    step, logged) when the decoder fails: a preview never stops a denoise."""
+    decoder = host().preview_decoder()
+    try:
+        if decoder is None:
+            raise RuntimeError("the host has no preview decoder any more")
+        jpeg, width, height = decoder[0](pv.latent)
+    except Exception as exc:  # noqa: BLE001 - logged; the denoise goes on without this preview
+        log.warning("could not decode B's latent preview of request %s: %s", pv.request_id, exc)
+        return None
+    return dataclasses.replace(pv, jpeg=jpeg, width=width, height=height, latent=None)
+
+
 def step_events(unique_id, bar=None, batch: Callable | None = None, on_cancel: Callable | None = None) -> StepEvents:
     return StepEvents(unique_id, bar, batch, on_cancel)
 
@@ -260,10 +276,16 @@ def preview_spec(latent_channels: int) -> tuple[PreviewSpec | None, str]:
     if len(factors) != latent_channels:
         return None, (f"previews off: the {len(factors)}-channel factors of {source} do not fit this model's "
                       f"{latent_channels} latent channels")
-    note = "" if method in ("auto", "latent2rgb") else (
-        f"preview method {method}: B sends latent2rgb previews (a {method} decoder runs only in a one-machine "
-        "sampler)")
-    spec = PreviewSpec("latent2rgb", tuple(tuple(float(v) for v in row) for row in factors),
+    decoder = h.preview_decoder() if method == "taesd" else None
+    if decoder is not None:
+        kind, source = "latent", decoder[1]
+        note = f"preview method taesd: B sends its latent frame, A decodes it with {source}"
+    else:
+        kind = "latent2rgb"
+        note = "" if method in ("auto", "latent2rgb") else (
+            f"preview method {method}: no H3 preview decoder (taeh3) in ComfyUI's vae_approx folder, so B sends "
+            "latent2rgb previews")
+    spec = PreviewSpec(kind, tuple(tuple(float(v) for v in row) for row in factors),
                        tuple(float(v) for v in bias), max_side=max(16, min(h.preview_size(), PREVIEW_MAX_SIDE)),
                        source=source)
     return spec, note

@@ -33,7 +33,9 @@ from .configs import PARALLEL_METHODS, WORKFLOWS
 
 #: 2: the denoise parameters (seed, steps, adapters) left the encoded payload for :class:`DenoiseCall`
 #: 3: :class:`DenoiseCall` carries a :class:`PreviewSpec`; B's progress answers carry a :class:`Preview`
-SCHEMA_VERSION = 3
+#: 4: a :class:`Preview` may carry its latent frame instead of a JPEG (method ``latent``: A decodes it with ComfyUI's
+#:    tiny preview decoder for H3)
+SCHEMA_VERSION = 4
 
 #: Largest payload either side accepts, in bytes (A->B with nine image references is about 0.7 GB at real scale).
 DEFAULT_MAX_PAYLOAD_BYTES = int(os.environ.get("H3_MAX_PAYLOAD_BYTES", str(1 << 30)))
@@ -288,16 +290,22 @@ class ParallelCall:
         return self
 
 
-PREVIEW_METHODS = ("latent2rgb",)
+PREVIEW_METHODS = ("latent2rgb", "latent")
 PREVIEW_MAX_SIDE = 1024  # pixels, the longest side a preview may have
 PREVIEW_MAX_BYTES = 256 << 10
+#: a latent preview frame: float16 ``[channels, height, width]``, at most this many bytes (H3's 24 channels at
+#: 1344x768 are 84 x 48: 189 KiB) and this many channels
+PREVIEW_MAX_LATENT_BYTES = 2 << 20
+PREVIEW_MAX_CHANNELS = 64
 
 
 @dataclass(frozen=True)
 class PreviewSpec:
     """A->B with the denoise call: how B previews its current estimate (the ``x0`` of each step, one latent frame)
     for the user. ``latent2rgb``: a linear map of the latent channels to RGB (``factors``: one ``(r, g, b)`` row per
-    latent channel, ``bias``), the method ComfyUI's samplers use, with ComfyUI's factors for H3. ``every``: a
+    latent channel, ``bias``), the method ComfyUI's samplers use, with ComfyUI's factors for H3. ``latent``: B sends
+    the latent frame itself and A decodes it (ComfyUI's tiny preview decoder for H3, ``taeh3`` in ``vae_approx``);
+    the factors stay required, they are what a host without the decoder falls back to. ``every``: a
     preview each that many steps; 0 lets B choose so previews cost under ``budget`` of a step. ``max_side``: the
     longest side in pixels (the latent grid is upscaled to it with nearest neighbours, never above 8x)."""
 
@@ -333,8 +341,10 @@ class PreviewSpec:
 
 @dataclass(frozen=True)
 class Preview:
-    """B->A with the step events: B's estimate after step ``step`` (0-based) of ``total``, as a JPEG.
-    ``cost_s``: what making it cost B (on B's clock); ``frame``: the latent frame shown."""
+    """B->A with the step events: B's estimate after step ``step`` (0-based) of ``total``, as a JPEG, or (method
+    ``latent``) as its latent frame ``latent`` (float16 ``[channels, height, width]``, ``jpeg`` empty; ``width`` and
+    ``height`` the latent grid's) for A to decode. ``cost_s``: what making it cost B (on B's clock); ``frame``: the
+    latent frame shown."""
 
     request_id: str
     step: int
@@ -344,11 +354,14 @@ class Preview:
     height: int
     cost_s: float = 0.0
     frame: int = 0
+    latent: Any = None
     schema_version: int = SCHEMA_VERSION
 
     def validate(self) -> "Preview":
         _check_version(self, "B->A preview")
-        if not isinstance(self.jpeg, bytes) or not self.jpeg.startswith(b"\xff\xd8"):
+        if self.latent is not None:
+            self._check_latent()
+        elif not isinstance(self.jpeg, bytes) or not self.jpeg.startswith(b"\xff\xd8"):
             raise WireError(f"the preview of request {self.request_id} is not a JPEG.")
         if len(self.jpeg) > PREVIEW_MAX_BYTES:
             raise WireError(f"the preview of request {self.request_id} is {len(self.jpeg)} bytes, over the "
@@ -360,6 +373,21 @@ class Preview:
         if not isinstance(self.step, int) or not isinstance(self.total, int) or not 0 <= self.step < self.total:
             raise WireError(f"preview.step is {self.step!r} of {self.total!r}, expected 0..total-1.")
         return self
+
+    def _check_latent(self) -> None:
+        x = self.latent
+        if not isinstance(x, np.ndarray) or x.dtype != np.float16 or x.ndim != 3:
+            raise WireError(f"the latent preview of request {self.request_id} is "
+                            f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}, expected a float16 "
+                            "[channels, height, width] array.")
+        if not 1 <= x.shape[0] <= PREVIEW_MAX_CHANNELS or (x.shape[1], x.shape[2]) != (self.height, self.width):
+            raise WireError(f"the latent preview of request {self.request_id} has shape {tuple(x.shape)}, expected "
+                            f"[<= {PREVIEW_MAX_CHANNELS} channels, {self.height}, {self.width}].")
+        if x.nbytes > PREVIEW_MAX_LATENT_BYTES:
+            raise WireError(f"the latent preview of request {self.request_id} is {x.nbytes} bytes, over the "
+                            f"{PREVIEW_MAX_LATENT_BYTES} limit.")
+        if not np.isfinite(x).all():
+            raise WireError(f"the latent preview of request {self.request_id} holds NaN or infinite values.")
 
 
 @dataclass(frozen=True)

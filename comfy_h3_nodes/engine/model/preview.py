@@ -4,7 +4,8 @@ After each step B holds ``x_next`` and the model's velocity ``v`` at ``x_t``. H3
 with a data-ward velocity (``x0 = x_t + sigma * v``, ``x_next = x_t + (sigma - sigma_next) * v``), so the estimate
 is ``x0 = x_next + sigma_next * v``: no extra model work. Only the rows of one latent frame are touched (the middle
 generated frame: the first is a given keyframe in fl2va), unpacked the way diffusers' decode step unpacks them, mapped
-to RGB by a per-channel linear map (ComfyUI's ``latent_rgb_factors`` for H3) and encoded as JPEG with Pillow.
+to RGB by a per-channel linear map (ComfyUI's ``latent_rgb_factors`` for H3) and encoded as JPEG with Pillow; or
+(method ``latent``) sent as the float16 frame itself, which A decodes with ComfyUI's tiny preview decoder for H3.
 """
 
 from __future__ import annotations
@@ -83,12 +84,17 @@ class Previewer:
         frame = grid[0] // 2
         x0 = x0_frame(latents, velocity, sigma_next, condition_rows=condition_rows, grid=grid, patch=patch,
                       frame=frame)
-        jpeg, w, h = encode_jpeg(to_rgb(x0, self.spec), self.spec.max_side)
+        if self.spec.method == "latent":  # A decodes it (ComfyUI's tiny decoder for H3): the frame as it is
+            latent = x0.to(torch.float16).contiguous().numpy()
+            jpeg, w, h = b"", latent.shape[2], latent.shape[1]
+        else:
+            latent = None
+            jpeg, w, h = encode_jpeg(to_rgb(x0, self.spec), self.spec.max_side)
         cost = time.perf_counter() - t0
         self.cost_s.append(cost)
         if not self.spec.every and step_s > 0:  # B chooses: keep the previews under the budget of a step
             self._every = max(1, math.ceil(cost / (self.spec.budget * step_s)))
-        self.latest = Preview(self.request_id, i, total, jpeg, w, h, cost, frame)
+        self.latest = Preview(self.request_id, i, total, jpeg, w, h, cost, frame, latent)
         return self.latest
 
     @property
