@@ -166,7 +166,6 @@ class ComfyUI:
                     pass
 
 
-@contextlib.contextmanager
 def _random_taeh3(comfy_dir: pathlib.Path, python: str, path: pathlib.Path) -> None:
     """ComfyUI's tiny preview decoder for H3 (its own ``TAEHV`` at H3's 24 latent channels), random weights, saved
     where ComfyUI's ``taesd`` previews look for ``taeh3``: built by ComfyUI's Python from ComfyUI's code."""
@@ -177,6 +176,7 @@ def _random_taeh3(comfy_dir: pathlib.Path, python: str, path: pathlib.Path) -> N
     subprocess.run([python, "-c", code, str(path)], cwd=comfy_dir, check=True, timeout=120, capture_output=True)
 
 
+@contextlib.contextmanager
 def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path | None = None):
     """A ComfyUI with this pack (and, with ``front_end_root``, another frontend version's files: ``--front-end-root``)
     in its own folders under pytest's tmp folder; stopped with everything it started when the block ends."""
