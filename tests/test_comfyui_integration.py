@@ -170,10 +170,12 @@ def _random_taeh3(comfy_dir: pathlib.Path, python: str, path: pathlib.Path) -> N
     """ComfyUI's tiny preview decoder for H3 (its own ``TAEHV`` at H3's 24 latent channels), random weights, saved
     where ComfyUI's ``taesd`` previews look for ``taeh3``: built by ComfyUI's Python from ComfyUI's code."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    code = ("import sys, torch; from safetensors.torch import save_file; from comfy.taesd.taehv import TAEHV; "
-            "torch.manual_seed(0); m = TAEHV(latent_channels=24); "
-            "save_file({k: v.contiguous() for k, v in m.state_dict().items()}, sys.argv[1])")
-    subprocess.run([python, "-c", code, str(path)], cwd=comfy_dir, check=True, timeout=120, capture_output=True)
+    code = ("import sys; out = sys.argv[1]; sys.argv = [sys.argv[0], '--cpu']; import comfy.options; "
+            "comfy.options.enable_args_parsing(); import torch; from safetensors.torch import save_file; "
+            "from comfy.taesd.taehv import TAEHV; torch.manual_seed(0); m = TAEHV(latent_channels=24); "
+            "save_file({k: v.contiguous() for k, v in m.state_dict().items()}, out)")
+    proc = subprocess.run([python, "-c", code, str(path)], cwd=comfy_dir, timeout=120, capture_output=True, text=True)
+    assert proc.returncode == 0, f"ComfyUI's TAEHV could not be built: {proc.stderr[-2000:]}"
 
 
 @contextlib.contextmanager
