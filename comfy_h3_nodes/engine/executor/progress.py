@@ -24,6 +24,8 @@ log = logging.getLogger("comfy_h3.executor")
 
 #: how long B holds A's progress call open waiting for the next step (B bounds it too)
 WATCH_S = 2.0
+#: states in which B answers a progress call at once
+ENDED = ("done", "failed", "cancelled")
 
 
 async def await_ref(ref, timeout: float):
@@ -80,7 +82,10 @@ async def follow(b, rid: str, fut, recs_ref, on_step, timeouts: Timeouts, cancel
                     seen, shown = len(steps), pv.step if pv is not None else shown
                 elif prog and prog["state"] in ("waiting", "queued"):
                     last_progress = time.monotonic()
-                watch = ask()  # for the step after the ones seen
+                # for the step after the ones seen; once B says the request ended it would answer at once, so
+                # only the result is awaited from then on (no burst of calls while it travels)
+                ended = bool(prog) and prog["state"] in ENDED
+                watch = asyncio.ensure_future(asyncio.sleep(WATCH_S)) if ended else ask()
             if time.monotonic() - last_progress > timeouts.stall:
                 b.cancel.remote(rid)
                 ray.cancel(recs_ref)
