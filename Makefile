@@ -6,7 +6,15 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.comfy-h3-installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test venv clean-venv bench browser-deps
+.PHONY: demo test test-comfyui comfyui-env venv clean-venv bench browser-deps
+
+# The real-ComfyUI suite: ComfyUI's source (default: ../shared/comfyui, read only) and an environment like a user's,
+# built by scripts/comfyui_env.py into $(COMFYUI_ENV) (ComfyUI's requirements + the pack's install.py; reused until
+# they change). COMFYUI_PYTHON=<your ComfyUI's python> skips the build. K=EXPR passes -k EXPR to pytest.
+COMFYUI_DIR ?= $(abspath ../shared/comfyui)
+COMFYUI_ENV ?= .comfyui-venv
+H3_SCREENSHOTS ?= $(CURDIR)/output/comfyui-screenshots
+K ?=
 
 venv: $(STAMP)
 
@@ -42,3 +50,14 @@ bench: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+comfyui-env:
+	@test -f "$(COMFYUI_DIR)/main.py" || { echo "[make] no ComfyUI at COMFYUI_DIR=$(COMFYUI_DIR): set COMFYUI_DIR to a checkout of ComfyUI's source (0.33 or newer)"; exit 2; }
+	@$(PYTHON) scripts/comfyui_env.py --comfyui "$(COMFYUI_DIR)" --env "$(COMFYUI_ENV)" >/dev/null
+
+test-comfyui: browser-deps $(STAMP)
+	@test -f "$(COMFYUI_DIR)/main.py" || { echo "[make] no ComfyUI at COMFYUI_DIR=$(COMFYUI_DIR): set COMFYUI_DIR to a checkout of ComfyUI's source (0.33 or newer)"; exit 2; }
+	@py="$${COMFYUI_PYTHON:-$$($(PYTHON) scripts/comfyui_env.py --comfyui "$(COMFYUI_DIR)" --env "$(COMFYUI_ENV)" | tail -n 1)}" && \
+	  test -x "$$py" && echo "[make] real-ComfyUI suite: ComfyUI $(COMFYUI_DIR), its Python $$py, screenshots in $(H3_SCREENSHOTS)" && \
+	  COMFYUI_DIR="$(COMFYUI_DIR)" COMFYUI_PYTHON="$$py" H3_SCREENSHOTS="$(H3_SCREENSHOTS)" \
+	  $(PY) -m pytest -q tests/test_comfyui_integration.py $(if $(K),-k "$(K)") $(PYTEST_ARGS)
