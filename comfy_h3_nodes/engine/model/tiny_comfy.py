@@ -91,7 +91,10 @@ def comfy_transformer_state(model, published: dict, pruned: bool, fmt: str | Non
     """The tiny transformer as one of Comfy-Org's files holds it, from its ``published`` layout
     (``tiny.published_state_dict``): the release's mixed precision, pruned AdaLN and/or quantised layers."""
     state = {k: v.float() for k, v in published.items()}
-    fp32 = set()
+    # Comfy-Org's files keep the rotary frequencies (ComfyUI's model detection reads their count from it); diffusers
+    # does not save its copy (a non-persistent buffer) and the pack's loaders drop it (formats.DROPPED)
+    state["rope.inv_freq"] = model.rope.inv_freq.detach().float()
+    fp32 = {"rope.inv_freq"}
     if pruned:
         table, basis, mu = pruned_curve(model)
         state = {k: v for k, v in state.items() if not k.startswith("time_embedder.")}
