@@ -60,10 +60,14 @@ from browser_support import (
 )
 from comfy_h3_nodes.engine.model.tiny_comfy import fixture
 
-pytestmark = pytest.mark.skipif(not os.environ.get("COMFYUI_DIR"), reason="COMFYUI_DIR is not set")
+pytestmark = pytest.mark.skipif(not os.environ.get("COMFYUI_DIR"), reason=(
+    "COMFYUI_DIR is not set: `make test-comfyui` runs this suite (ComfyUI's source from ../shared/comfyui, or "
+    "COMFYUI_DIR=<a ComfyUI checkout>)"))
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACK = "comfy-h3"
+#: the test-only node pack (tests/comfyui_test_nodes: ComfyUI's own H3 CLIP and VAEs at a tiny size), loaded beside ours
+TEST_PACK = "h3-test-nodes"
 WORKFLOW = REPO / "example_workflows" / "h3_t2va.json"
 START_TIMEOUT = float(os.environ.get("H3_COMFYUI_START_TIMEOUT", "300"))
 PROMPT_TIMEOUT = float(os.environ.get("H3_COMFYUI_PROMPT_TIMEOUT", "900"))
@@ -91,7 +95,13 @@ BROWSER_TEMPLATE = "h3_t2va_turbo"  # 4 steps: the browser runs cost little besi
 COMFY_ORG_FILES = {"text_encoders/qwen3vl_32b_minimax_h3_int8_convrot.safetensors": "text_encoder:int8_convrot",
                    "vae/minimax_h3_video_vae_fp16.safetensors": "vae:fp16",
                    "vae/minimax_h3_audio_vae_fp32.safetensors": "audio_vae:fp32",
-                   "diffusion_models/minimax_h3_t2va_pruned_fp8_scaled.safetensors": "transformer:pruned_fp8_scaled"}
+                   "diffusion_models/minimax_h3_t2va_pruned_fp8_scaled.safetensors": "transformer:pruned_fp8_scaled",
+                   "diffusion_models/minimax_h3_t2va_pruned_bf16.safetensors": "transformer:pruned_bf16"}
+#: the ComfyUI-native graph's DiT: a tiny Comfy-Org-layout file of the pack's tiny builder, through core's UNETLoader
+NATIVE_DIT = "minimax_h3_t2va_pruned_bf16.safetensors"
+#: ComfyUI's own H3 nodes (comfy_extras/nodes_minimax_h3.py), which the pack must leave loadable
+CORE_H3_NODES = ("EmptyMiniMaxH3LatentAV", "MiniMaxH3ImageToVideo", "MiniMaxH3AddGuide", "MiniMaxH3ReferenceToVideo",
+                 "MiniMaxH3SigmaShift")
 
 
 # ------------------------------------------------------------------------------------------------ processes
@@ -189,6 +199,7 @@ def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path |
     packs = root / "packs"
     packs.mkdir()
     (packs / PACK).symlink_to(REPO, target_is_directory=True)
+    (packs / TEST_PACK).symlink_to(REPO / "tests" / "comfyui_test_nodes", target_is_directory=True)
     dirs = {name: root / name for name in ("output", "input", "temp", "user")}
     for d in dirs.values():
         d.mkdir()
@@ -211,7 +222,7 @@ def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path |
                     f"  vae_approx: {root / 'models' / 'vae_approx'}\n")
     port = _free_port()
     cmd = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--disable-auto-launch",
-           "--extra-model-paths-config", str(yaml), "--disable-all-custom-nodes", "--whitelist-custom-nodes", PACK,
+           "--extra-model-paths-config", str(yaml), "--disable-all-custom-nodes", "--whitelist-custom-nodes", PACK, TEST_PACK,
            "--output-directory", str(dirs["output"]), "--input-directory", str(dirs["input"]),
            "--temp-directory", str(dirs["temp"]), "--user-directory", str(dirs["user"]),
            "--database-url", f"sqlite:///{root / 'comfyui.db'}"]
@@ -439,14 +450,18 @@ def _tiny_of(name: str) -> str:
     return TINY_FASTH3 if "fasth3" in name else TINY
 
 
+def _pickers(tiny: str = TINY) -> dict[str, dict]:
+    """``PICKERS`` with ``tiny`` as the model choice."""
+    return {k: {n: (tiny if v == TINY and n == "model_path" else v) for n, v in d.items()} for k, d in PICKERS.items()}
+
+
 def _with_tiny(api: dict, ui: dict, tiny: str = TINY) -> tuple[dict, dict]:
     """The template with the pickers a newcomer changes (``PICKERS``, with ``tiny`` for the models), in the prompt and
     in the saved workflow."""
     from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
     from comfy_h3_nodes.tools.runner import widget_names
 
-    pickers = {k: {n: (tiny if v == TINY and n == "model_path" else v) for n, v in d.items()}
-               for k, d in PICKERS.items()}
+    pickers = _pickers(tiny)
     api, ui = copy.deepcopy(api), copy.deepcopy(ui)
     for node in api.values():
         node["inputs"].update(pickers.get(node["class_type"], {}))
@@ -818,6 +833,69 @@ def test_interrupt_stops_denoise_and_next_prompt_runs(comfyui, tiny_ckpt):
     assert entry["status"]["status_str"] == "success"
 
 
+# ------------------------------------------------------------------------------------------------ ComfyUI's own H3
+def _native_h3_prompt(steps: int = 3, width: int = 64, height: int = 64, length: int = 22, seed: int = 1,
+                      sampler: str = "euler", prompt: str = "a red fox runs through snow, wind howls") -> dict:
+    """ComfyUI's own H3 graph (the shape of its ``video_minimax_h3_t2v`` template's subgraph: UNETLoader,
+    MiniMaxH3ImageToVideo, RandomNoise, BasicGuider, KSamplerSelect, BasicScheduler, SamplerCustomAdvanced, VAEDecode,
+    VAEDecodeAudio, CreateVideo, SaveVideo) in API format, on A alone. Only the loaders of the text encoder and the
+    VAEs differ: ComfyUI's CLIPLoader and VAELoader build those at their released sizes, so the test-only nodes of
+    tests/comfyui_test_nodes give ComfyUI's own classes at a tiny size (random weights, fixed seed) instead."""
+    return {
+        "1": {"class_type": "H3TestTinyCLIP", "inputs": {"seed": 0}},
+        "2": {"class_type": "H3TestTinyVAE", "inputs": {"kind": "video", "seed": 0}},
+        "3": {"class_type": "H3TestTinyVAE", "inputs": {"kind": "audio", "seed": 0}},
+        "4": {"class_type": "UNETLoader", "inputs": {"unet_name": NATIVE_DIT, "weight_dtype": "default"}},
+        "5": {"class_type": "MiniMaxH3ImageToVideo", "inputs": {"clip": ["1", 0], "vae": ["2", 0], "prompt": prompt,
+                                                                 "width": width, "height": height, "length": length}},
+        "6": {"class_type": "RandomNoise", "inputs": {"noise_seed": seed}},
+        "7": {"class_type": "BasicGuider", "inputs": {"model": ["4", 0], "conditioning": ["5", 0]}},
+        "8": {"class_type": "KSamplerSelect", "inputs": {"sampler_name": sampler}},
+        "9": {"class_type": "BasicScheduler", "inputs": {"model": ["4", 0], "scheduler": "simple", "steps": steps,
+                                                          "denoise": 1.0}},
+        "10": {"class_type": "SamplerCustomAdvanced", "inputs": {"noise": ["6", 0], "guider": ["7", 0],
+                                                                 "sampler": ["8", 0], "sigmas": ["9", 0],
+                                                                 "latent_image": ["5", 1]}},
+        "11": {"class_type": "VAEDecode", "inputs": {"samples": ["10", 0], "vae": ["2", 0]}},
+        "12": {"class_type": "VAEDecodeAudio", "inputs": {"samples": ["10", 0], "vae": ["3", 0]}},
+        "13": {"class_type": "CreateVideo", "inputs": {"images": ["11", 0], "fps": 24.0, "audio": ["12", 0]}},
+        "14": {"class_type": "SaveVideo", "inputs": {"video": ["13", 0], "filename_prefix": "video/h3_native",
+                                                      "format": "auto", "codec": "auto"}},
+    }
+
+
+def test_comfyuis_own_h3_graph_runs_to_a_video_beside_the_pack(comfyui):
+    """With the pack installed, ComfyUI's own H3 nodes still load, and ComfyUI's own H3 graph runs in the same
+    ComfyUI, in one process, on A alone, to an H.264 + AAC MP4: core's UNETLoader detects the tiny Comfy-Org-layout
+    DiT file of the pack's tiny builder from its keys, and ComfyUI's sampler, VAEDecode, VAEDecodeAudio, CreateVideo
+    and SaveVideo do the rest. This graph is the baseline the same graph with its DiT on B is compared with."""
+    status, _, body = asyncio.run(_get(comfyui, "/object_info"))
+    info = json.loads(body)
+    for name in CORE_H3_NODES:
+        assert name in info and info[name]["python_module"] == "comfy_extras.nodes_minimax_h3", (name, info.get(name))
+    assert NATIVE_DIT in info["UNETLoader"]["input"]["required"]["unet_name"][0]
+    log = comfyui.log.read_text(errors="replace")
+    assert "did not import correctly" not in log, comfyui.log_tail()
+
+    api = _native_h3_prompt()
+    pid, messages, entry = asyncio.run(_run(comfyui, api))
+    errors = _of(messages, "execution_error", pid)
+    assert not errors, f"{errors[0].get('exception_message')}\n{''.join(errors[0].get('traceback', []))}"
+    assert entry["status"]["status_str"] == "success"
+    ran = {d["node"] for d in _of(messages, "executing", pid) if d["node"] is not None}
+    assert {"4", "5", "10", "11", "12", "13", "14"} <= ran, ran
+    assert not _of(messages, "h3.timing", pid), "the pack took part in ComfyUI's own graph"
+    bar = [d for d in _of(messages, "progress", pid) if d["node"] == "10"]  # ComfyUI's own sampler progress
+    assert bar and bar[-1]["value"] == bar[-1]["max"] == 3, bar
+    (video,) = entry["outputs"]["14"]["images"]
+    mp4 = comfyui.output / video["subfolder"] / video["filename"]
+    facts = _mp4_facts(mp4)
+    assert facts["codecs"] == {"video": "h264", "audio": "aac"}, facts["codecs"]
+    assert (facts["width"], facts["height"], facts["frames"]) == (64, 64, 22), facts
+    assert facts["audio_samples"] > 0
+    assert json.loads(facts["meta"]["prompt"])["4"]["inputs"]["unet_name"] == NATIVE_DIT
+
+
 # ------------------------------------------------------------------------------------------------ Comfy-Org's files
 def test_template_names_comfy_org_files_on_both_machines(comfyui):
     """ComfyUI lists the Comfy-Org files of its text_encoders and vae folders in H3LoadEncoders' pickers (by their
@@ -1022,12 +1100,44 @@ def test_every_template_opens_readable_on_the_first_screen(comfyui_frontends, br
             page.open_file(name, _template(name)[1])
             problems += opened_problems(name, page.page, mask)
             page.shot(f"{name}_open")
+            # what this page queues once the user has picked tiny-random: the prompt that ran to an MP4
+            # (test_template_runs_to_mp4_with_tiny_random), so each template runs to one from this frontend and mode
+            queued = page.page.evaluate(PAGE_PROMPT, [_pickers(_tiny_of(name))])
+            ran = _with_tiny(*_template(name), _tiny_of(name))[0]
+            problems += [f"{name}: {d}" for d in _prompt_differences(queued, ran)]
         assert not problems, "\n".join(problems)
         page.assert_clean()
     finally:
         page.close()
 
 
+def _prompt_differences(queued: dict, ran: dict) -> list[str]:
+    """How the prompt a page would queue differs from the one that ran (node ids, types, every input)."""
+    out = [f"node {nid} is only in {'the page' if nid in queued else 'the run'}" for nid in sorted(set(queued) ^ set(ran))]
+    for nid in sorted(set(queued) & set(ran)):
+        q, r = queued[nid], ran[nid]
+        if q["class_type"] != r["class_type"]:
+            out.append(f"node {nid}: the page queues {q['class_type']}, the run had {r['class_type']}")
+            continue
+        for name in sorted(set(q["inputs"]) | set(r["inputs"])):
+            qv, rv = q["inputs"].get(name, "<absent>"), r["inputs"].get(name, "<absent>")
+            if qv != rv:
+                out.append(f"{q['class_type']} {nid}.{name}: the page queues {qv!r:.80}, the run had {rv!r:.80}")
+    return out
+
+
+SET_PICKS = """
+    for (const node of window.app.graph.nodes) {
+        for (const [name, value] of Object.entries(picks[node.type] ?? {})) {
+            const w = node.widgets.find((w) => w.name === name);
+            w.value = value;
+            w.callback?.(value);
+        }
+    }"""
+#: the user's picks on the open graph, then the API prompt the frontend makes of it (what Run would send)
+PAGE_PROMPT = """async ([picks]) => {""" + SET_PICKS + """
+    return (await window.app.graphToPrompt()).output;
+}"""
 QUEUE_LIKE_A_USER = """async ([picks]) => {
     const { api } = await import('/scripts/api.js');
     const run = window.__h3run = { start: null, end: null, error: null, timings: [] };
@@ -1039,14 +1149,7 @@ QUEUE_LIKE_A_USER = """async ([picks]) => {
             run.end = kind;
             if (kind === 'execution_error') run.error = e.detail.exception_message;
         });
-    }
-    for (const node of window.app.graph.nodes) {
-        for (const [name, value] of Object.entries(picks[node.type] ?? {})) {
-            const w = node.widgets.find((w) => w.name === name);
-            w.value = value;
-            w.callback?.(value);
-        }
-    }
+    }""" + SET_PICKS + """
     await window.app.queuePrompt(0, 1);
 }"""
 

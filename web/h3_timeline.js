@@ -23,7 +23,10 @@ export const DEFAULT_LAYOUT = Object.freeze({
   minGapShare: 0.002, // idle stretches shorter than this share of the request are not drawn
   minGapSeconds: 0.0005,
   targetTicks: 6,
-  charWidth: 5.6, // estimated width of one character of a 10 px label (bars, gaps); the axis' 9 px: 0.9 of it
+  charWidth: 5.6, // estimated width of one character of a 10 px label (bars, gaps)
+  // one character of a 9 px axis label, wide enough for DejaVu Sans (system-ui on Debian's Chromium), where "500 ms"
+  // measures 33.5 px: 0.9 of charWidth (30.2 px) let such a label at the right edge be cut in the real frontend
+  axisCharWidth: 6.2,
   minLabelGap: 6, // px between two axis labels
 });
 
@@ -271,7 +274,7 @@ export function waterfall(req, layout = {}, { context = [], others = [] } = {}) 
 function axisTicks(total, sx, t0, L) {
   const step = niceStep(total, L.targetTicks);
   const out = [];
-  const cw = 0.9 * L.charWidth;
+  const cw = L.axisCharWidth;
   for (let k = 0; k * step <= total * (1 + 1e-9) && k < 1000; k += 1) {
     const t = k * step;
     const x = sx(t0 + t);
