@@ -1,12 +1,14 @@
 """The pack inside a real ComfyUI: loading, routes, a t2va prompt over HTTP + websocket, validation, interrupt,
 every shipped template to an MP4 with the ``tiny-random`` model pickers, and the H3 panel in a real browser.
 
-ComfyUI is not on PyPI, so this needs a checkout of its public source: set ``COMFYUI_DIR`` to it (and
-``COMFYUI_PYTHON`` to the interpreter of its environment, which needs ComfyUI's requirements plus this pack's).
-Without ``COMFYUI_DIR`` every test here is skipped. The server runs as a subprocess on a free loopback port with
+ComfyUI is not on PyPI, so this needs a checkout of its public source: ``make test-comfyui`` sets ``COMFYUI_DIR`` to
+``../shared/comfyui`` (or yours) and ``COMFYUI_PYTHON`` to an environment built like a user's
+(``scripts/comfyui_env.py``: ComfyUI's requirements, then the pack's ``install.py``). Without ``COMFYUI_DIR`` every
+test here is skipped, saying so; ``.ci/run`` fails when any is skipped while ComfyUI is there. The server runs as a subprocess on a free loopback port with
 its output, input, temp and user folders and its database under pytest's tmp folder; the pack is added through an
 ``--extra-model-paths-config`` YAML (``custom_nodes``) pointing at a folder that holds a ``comfy-h3`` symlink to this
-repository, and only this pack is loaded. ``H3RemoteDiT`` with ``cluster_address`` ``local`` starts the embedded
+repository (and an ``h3-test-nodes`` symlink to ``tests/comfyui_test_nodes``, the test-only nodes that give ComfyUI's
+own H3 CLIP and VAEs at a tiny size for ComfyUI's own H3 graph), and only these packs are loaded. ``H3RemoteDiT`` with ``cluster_address`` ``local`` starts the embedded
 two-node Ray cluster inside the ComfyUI process; ComfyUI and everything it started are killed at the end.
 
 The templates in example_workflows/ run as shipped (canvas, frames, steps) except for the pickers: ``tiny-random`` on
@@ -1091,7 +1093,9 @@ MODES = pytest.mark.parametrize("vue", [False, True], ids=["litegraph", "vue-nod
 def test_every_template_opens_readable_on_the_first_screen(comfyui_frontends, browser, version, vue):
     """Each template opened as a file in ComfyUI's page on a laptop's first screen (1280 x 720): its saved view
     draws titles and widgets (zoom >= 0.6), no node under the sidebar, the Graph menu, the Run bar or the minimap,
-    no node over another. A screenshot of each goes to H3_SCREENSHOTS."""
+    no node over another. A screenshot of each goes to H3_SCREENSHOTS. With the pickers set to tiny-random the page
+    would queue exactly the prompt that ran to an MP4 in test_template_runs_to_mp4_with_tiny_random (every node,
+    type and input), so every template runs to an MP4 from each frontend and mode."""
     page = ComfyPage(comfyui_frontends(version), browser, vue=vue, version=version, viewport=FIRST_SCREEN)
     try:
         mask = page.free_mask()
