@@ -99,3 +99,66 @@ def test_install_py_copies_example_inputs_into_comfyuis_input_without_overwritin
     out = subprocess.run([sys.executable, str(pack / "install.py"), "--no-pip", "--input-dir", str(elsewhere)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and sorted(p.name for p in elsewhere.iterdir()) == names
+
+
+# ------------------------------------------------------------------------------------------------ ComfyUI's env
+def _comfyui_env_module():
+    spec = importlib.util.spec_from_file_location("h3_comfyui_env", ROOT / "scripts" / "comfyui_env.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_comfyui_env_is_rebuilt_when_comfyuis_or_the_packs_requirements_change(tmp_path, monkeypatch):
+    """make test-comfyui's environment (scripts/comfyui_env.py) is keyed by what it installs: ComfyUI's
+    requirements.txt, the pack's requirements.txt and install.py; anything else leaves the cached one in place."""
+    env = _comfyui_env_module()
+    comfy = tmp_path / "ComfyUI"
+    comfy.mkdir()
+    (comfy / "requirements.txt").write_text("torch\naiohttp\n")
+    repo = tmp_path / "pack"
+    repo.mkdir()
+    for name in ("requirements.txt", "install.py"):
+        (repo / name).write_text((ROOT / name).read_text())
+    (repo / "README.md").write_text("x")
+    monkeypatch.setattr(env, "REPO", repo)
+    key = env.env_key(comfy)
+    assert env.env_key(comfy) == key
+    (repo / "README.md").write_text("y")
+    assert env.env_key(comfy) == key
+    (comfy / "requirements.txt").write_text("torch\naiohttp\nav>=16\n")
+    assert env.env_key(comfy) != key
+    key = env.env_key(comfy)
+    (repo / "requirements.txt").write_text((repo / "requirements.txt").read_text() + "einops\n")
+    assert env.env_key(comfy) != key
+    key = env.env_key(comfy)
+    (repo / "install.py").write_text((repo / "install.py").read_text() + "\n# changed\n")
+    assert env.env_key(comfy) != key
+
+
+def test_comfyui_env_torchvision_patch_skips_only_the_missing_op_and_applies_once(tmp_path):
+    """The CPU work-around for PyPI's CUDA torchvision: its register_fake decorators become a guard that skips the
+    fake kernel only when the op does not exist (any other error still raises), and patching twice changes nothing."""
+    env = _comfyui_env_module()
+    pkg = tmp_path / "torchvision"
+    pkg.mkdir()
+    (pkg / "_meta_registrations.py").write_text(
+        "import torch\n\n\n"
+        "@torch.library.register_fake('h3test::missing_op')\n"
+        "def meta_missing(x):\n    return x\n\n\n"
+        "@torch.library.register_fake('h3test::also_missing')\n"
+        "def meta_also(x):\n    return x\n")
+    unpatched = subprocess.run([sys.executable, str(pkg / "_meta_registrations.py")], capture_output=True, text=True,
+                               timeout=120)
+    assert "operator h3test::missing_op does not exist" in unpatched.stderr  # what stops ComfyUI from loading
+    env.patch_torchvision(tmp_path)
+    once = (pkg / "_meta_registrations.py").read_text()
+    env.patch_torchvision(tmp_path)
+    assert (pkg / "_meta_registrations.py").read_text() == once
+    assert once.count("@_h3_register_fake(") == 2 and "@torch.library.register_fake(" not in once
+    code = once + ("\ndef boom(name):\n    raise RuntimeError('something else went wrong')\n"
+                   "torch.library.register_fake = lambda name: boom(name)\n"
+                   "try:\n    _h3_register_fake('h3test::x')(len)\nexcept RuntimeError as e:\n    print('raised', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr  # the missing ops are skipped: the module imports
+    assert "raised something else went wrong" in proc.stdout  # other errors are not swallowed
