@@ -776,8 +776,20 @@ def test_bad_inputs_are_refused_by_post_prompt(comfyui, tiny_ckpt):
     assert status == 400, answer
     errs = answer["node_errors"]["3"]
     assert errs["class_type"] == "H3TextEncode"
-    details = [e["details"] for e in errs["errors"] if e["type"] == "custom_validation_failed"]
-    assert details and all("width 500 is not a multiple of 32; nearest valid: 480 or 512" in d for d in details)
+    # ComfyUI lists the check's one message under every input VALIDATE_INPUTS names (width and height): the message
+    # is about width and says so, and that ComfyUI shows it under height too
+    shown = {e["extra_info"]["input_name"]: e["details"] for e in errs["errors"]
+             if e["type"] == "custom_validation_failed"}
+    sentence = ("width 500 is not a multiple of 32; nearest valid: 480 or 512. (About width only: ComfyUI lists a "
+                "node's own check under every input the check reads, so height shows it too.)")
+    assert shown == {"width": f"width - {sentence}", "height": f"height - {sentence}"}, shown
+    api, _ = _prompt(tiny_ckpt)
+    api["3"]["inputs"]["height"] = 0  # the automatic canvas needs width 0 too: the message is about height
+    status, answer = asyncio.run(_post_prompt(comfyui, api))
+    assert status == 400, answer
+    (detail, *_) = [e["details"] for e in answer["node_errors"]["3"]["errors"]
+                    if e["type"] == "custom_validation_failed"]
+    assert detail.split(" - ", 1)[1].startswith("height 0 means an automatic canvas, which needs width 0 too"), detail
 
     # our VALIDATE_INPUTS must leave ComfyUI's own checks of the other inputs in place
     api, _ = _prompt(tiny_ckpt)

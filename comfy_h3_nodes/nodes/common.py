@@ -54,6 +54,26 @@ def plain_errors(cls):
     return cls
 
 
+class InputMessage(str):
+    """A ``VALIDATE_INPUTS`` message about one input. ComfyUI attaches a node's message to every input the method
+    names (one error each, the same text), so a message about one of several named inputs says which it is about and
+    that ComfyUI lists it under the others too; ``about`` and ``sentence`` (the message without that note) are for
+    callers that can target the input themselves, such as the headless runner."""
+
+    about: str | None
+    sentence: str
+
+    def __new__(cls, sentence: str, about: str | None, named: tuple[str, ...]):
+        others = [n for n in named if n != about]
+        text = sentence
+        if about in named and others:
+            text = (f"{sentence} (About {about} only: ComfyUI lists a node's own check under every input the check "
+                    f"reads, so {' and '.join(others)} shows it too.)")
+        obj = super().__new__(cls, text)
+        obj.about, obj.sentence = about, sentence
+        return obj
+
+
 # ------------------------------------------------------------------------------------------------ lists
 def items(value) -> list:
     return value if isinstance(value, list) else [value]
