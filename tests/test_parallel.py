@@ -254,6 +254,10 @@ def test_the_readout_names_the_ranks(local_host, pair, par_ckpt, media):
     ranks = summary["ran"]["ranks"]
     assert [r["machine"] for r in ranks] == ["A", "B"] and all(r["step_s"] > 0 for r in ranks)
     assert "ulysses over 2 ranks" in summary["schedule"]
+    # the readout's figure is the group's wall time, each rank's own time beside it
+    assert summary["compute_s"] == summary["ran"]["wall_s"] and all(r["compute_s"] > 0 for r in ranks)
+    assert summary["compute_s"] >= max(r["compute_s"] for r in ranks)
+    assert set(summary["ran"]["start_s"]) == {"a_rank", "group"}
     stages = out["ui"]["h3_timing"][0]["stages"]
     assert [s["info"].get("rank") for s in stages if s["stage"] == "denoise"] == [0, 1]
 
@@ -284,3 +288,40 @@ def test_auto_chooses_from_the_measured_times(workers, par_ckpt, a_side, media):
     lone = choose(clock, shape, 50, 2, in_flight=1, a_work_s=20.0)
     queue = choose(clock, shape, 50, 2, in_flight=4, a_work_s=45.0)
     assert lone.join and "joined" in lone.why and not queue.join and "pipelined" in queue.why, (lone, queue)
+
+
+def test_a_group_readout_leads_with_the_wall_time_and_says_what_auto_would_do():
+    """No cluster: the records of a group's run as B and A's rank return them. The node's summary takes the group's
+    wall time (the ranks ran at once: their times do not add up), each rank keeps its own; the start of A's rank
+    and the group's forming are said when they were part of the time, and auto's verdict when it would not group."""
+    from comfy_h3_nodes.engine.contract.timing import StageRecord
+    from comfy_h3_nodes.engine.executor.group import Rank, group_timing, rank_records
+    from comfy_h3_nodes.engine.executor.parallel_plan import StepClock, choose
+    from comfy_h3_nodes.nodes.common import _summary
+
+    ranks = [Rank("A", "h3_rank_a", None, "127.0.0.2", 11), Rank("B", "h3_dit", None, "127.0.0.3", 12)]
+    den = [StageRecord("r", "denoise", r.machine, r.node_ip, 0.0, c, compute_s=c, steps=(0.9,) * 49,
+                       info={"rank": i, "comm_s": 4.5}) for i, (r, c) in enumerate(zip(ranks, (45.0, 44.0)))]
+    records = [StageRecord("r", "a_to_b", "B", "127.0.0.3", 0.0, 1.0), *den]
+    clock = StepClock()  # the group is measured, one rank too: on this queue one worker finishes sooner
+    clock.add((64, 64, 124), 1, [0.8] * 49)
+    clock.add((64, 64, 124), 2, [0.9] * 49)
+    auto = choose(clock, (64, 64, 124), 50, 2, in_flight=1, a_work_s=2.0)
+    assert not auto.join
+    info = {**rank_records(records, ranks), **group_timing(61.0, 16.0, 0.4, auto, 2)}
+    records[1] = StageRecord("r", "denoise", "A", "127.0.0.2", 0.0, 45.0, compute_s=45.0, steps=den[0].steps,
+                             info={**den[0].info, **info, "parallel": True})
+    summary = _summary(records, "denoise")
+    assert summary["compute_s"] == 61.0  # not 45 + 44
+    assert [(r["machine"], r["compute_s"]) for r in info["ranks"]] == [("A", 45.0), ("B", 44.0)]
+    assert info["start_s"] == {"a_rank": 16.0, "group": 0.4}
+    assert info["auto_view"].startswith("auto would have used one worker (A pipelines its encodes and decodes "
+                                        "beside it), 1 request(s) in flight"), info["auto_view"]
+    assert "denoise 39.20 s on one rank vs 44.10 s on 2" in info["auto_view"], info["auto_view"]
+    clock.add((64, 64, 124), 2, [0.3] * 49)
+    joins = choose(clock, (64, 64, 124), 50, 2, in_flight=1, a_work_s=2.0)
+    assert joins.join and "auto_view" not in group_timing(30.0, 0.0, 0.0, joins, 2)
+    assert "one B worker only" in group_timing(30.0, 0.0, 0.0, joins, 3)["auto_view"]
+    assert "auto_view" not in group_timing(30.0, 0.0, 0.0, None, 2)  # under auto: its own choice is in the note
+    one = [StageRecord("r", "denoise", "B", "b", 0.0, 40.0, compute_s=40.0, steps=(0.8,) * 49)]
+    assert _summary(one, "denoise")["compute_s"] == 40.0  # one worker: its own time, as before

@@ -216,9 +216,32 @@ export function ranksLine(summary) {
   if (!ranks || ranks.length < 2) return null;
   const shares = ranks.map((r) => num(r.comm_share)).filter((x) => x !== null);
   const comm = shares.length ? shares.reduce((a, b) => a + b, 0) / shares.length : null;
-  const parts = ranks.map((r) => `${r.machine === "A" || r.machine === "B" ? r.machine : "?"} ${fmtSeconds(r.step_s)}/forward`);
+  // each rank's own time (they ran at once: the denoise's wall time leads the readout, not their sum)
+  const parts = ranks.map((r) => {
+    const m = r.machine === "A" || r.machine === "B" ? r.machine : "?";
+    const per = `${fmtSeconds(r.step_s)}/forward`;
+    return num(r.compute_s) !== null ? `${m} ${fmtSeconds(r.compute_s)} (${per})` : `${m} ${per}`;
+  });
   return `${ranks.length} ranks (${summary.ran.method ?? "ulysses"}): ${parts.join(", ")}` +
     (comm !== null ? ` · comm ${fmtPercent(comm)}` : "");
+}
+
+/** The machines of a DiT group's denoise (`A+B`), or null for one worker. */
+export function groupMachines(summary) {
+  const ranks = Array.isArray(summary?.ran?.ranks) ? summary.ran.ranks : null;
+  if (!ranks || ranks.length < 2) return null;
+  return [...new Set(ranks.map((r) => (r.machine === "A" || r.machine === "B" ? r.machine : "?")))].join("+");
+}
+
+/** What of a DiT group's wall time was its start (A's rank starting and loading, the group forming), or null. */
+export function groupStartText(summary) {
+  const st = summary?.ran?.start_s;
+  const a = num(st?.a_rank) ?? 0;
+  const g = num(st?.group) ?? 0;
+  const parts = [];
+  if (a > 0) parts.push(`A's DiT rank starting ${fmtSeconds(a)}`);
+  if (g > 0) parts.push(`the group forming ${fmtSeconds(g)}`);
+  return parts.length ? `includes the group's start: ${parts.join(", ")}` : null;
 }
 
 function shiftClock(t, offset) {

@@ -162,7 +162,9 @@ def _summary(records: list[StageRecord], compute_stage: str) -> dict:
     by = {}
     for r in records:  # the first of each stage: a DiT group's own denoise record is rank 0's
         by.setdefault(r.stage, r)
-    out = {"compute_s": sum(r.compute_s for r in records if r.stage == compute_stage),
+    # a DiT group's ranks run at once: its denoise took the group's wall time, not the sum of the ranks' times
+    wall = ((by[compute_stage].info or {}).get("wall_s") if compute_stage in by else None)
+    out = {"compute_s": wall if wall is not None else sum(r.compute_s for r in records if r.stage == compute_stage),
            "machine": by[compute_stage].machine if compute_stage in by else "A", "a_to_b": None, "b_to_a": None}
     for stage in ("a_to_b", "b_to_a"):
         r = by.get(stage)

@@ -136,3 +136,34 @@ test("an error's sentence is on the node that failed, whole", () => {
   const m = readoutModel(store, "11", { nodeType: "H3LoRA" });
   assert.equal(readoutText(m), "B lora failed\nlora_path x.safetensors is not on B; choose tiny-random.");
 });
+
+test("a DiT group's denoise leads with its wall time, then each rank's, its start and what auto would have done", () => {
+  // what the server sends for parallel = A+B: compute_s is the group's wall time (each rank ran at the same time:
+  // 45.2 s + 44.8 s is no time anyone waited), the ranks' own times, the start of A's rank it waited for
+  const store = new H3Store();
+  const den = (rank, compute) => ({ request_id: "g1", stage: "denoise", machine: rank ? "B" : "A", node: "n",
+                                    start: 10, end: 10 + compute, compute_s: compute, steps: [0.92, 0.92],
+                                    info: { rank } });
+  const ran = { method: "ulysses", partition: "transformer", dtype: "bfloat16", attention_backend: "sdpa",
+                wall_s: 61.3, start_s: { a_rank: 16.2, group: 0.4 },
+                auto_view: "auto would have used one worker (A pipelines its encodes and decodes beside it), 1 " +
+                           "request(s) in flight, A 2.00 s each, denoise 40.0 s on one rank vs 44.0 s on 2: joined " +
+                           "46.0 s vs pipelined 42.0 s",
+                ranks: [{ rank: 0, machine: "A", step_s: 0.92, compute_s: 45.2, comm_share: 0.1 },
+                        { rank: 1, machine: "B", step_s: 0.91, compute_s: 44.8, comm_share: 0.08 }] };
+  store.ingestTiming({ ...timing("H3RemoteDenoise", "5", [den(0, 45.2), den(1, 44.8)], {
+    compute_s: 61.3, machine: "A", steps_done: 2, steps_total: 2, ran,
+    schedule: "3 sigma points on transformer (bfloat16, sdpa): ulysses over 2 ranks" }, "g1") });
+  const text = readoutText(readoutModel(store, "5"));
+  assert.match(text, /^A\+B denoise 1 m 01 s · 920 ms per forward/);
+  assert.match(text, /2 ranks \(ulysses\): A 45\.2 s \(920 ms\/forward\), B 44\.8 s \(910 ms\/forward\) · comm 9\.0 %/);
+  assert.match(text, /includes the group's start: A's DiT rank starting 16\.2 s, the group forming 400 ms/);
+  assert.match(text, /auto would have used one worker \(A pipelines its encodes and decodes beside it\)/);
+  assert.doesNotMatch(text, /1 m 30 s|A denoise/);
+  // a group kept from an earlier request, auto agreeing: neither line
+  store.ingestTiming({ ...timing("H3RemoteDenoise", "6", [den(0, 45.2), den(1, 44.8)], {
+    compute_s: 46, machine: "A", ran: { ...ran, start_s: { a_rank: 0, group: 0 }, auto_view: undefined } }, "g2") });
+  const kept = readoutText(readoutModel(store, "6"));
+  assert.match(kept, /^A\+B denoise 46\.0 s/);
+  assert.doesNotMatch(kept, /group's start|auto would/);
+});

@@ -104,8 +104,9 @@ class Groups:
         self.layers = 1
 
     # ------------------------------------------------------------------------------------------------ A's rank
-    async def a(self) -> Rank:
-        """A's DiT rank, started (and its model loaded) on first use; a plan that does not fit is one sentence."""
+    async def a(self, timed: dict | None = None) -> Rank:
+        """A's DiT rank, started (and its model loaded) on first use; a plan that does not fit is one sentence.
+        ``timed["a_start_s"]`` gets the seconds a start took (the request that waited for it says so)."""
         if self.a_rank is not None:
             try:
                 await _call(self.a_rank.handle.ping.remote(), self.timeouts.health)
@@ -114,6 +115,7 @@ class Groups:
                 self.a_rank = None
         if self.a_refused:
             raise ParallelError(self.a_refused)
+        t0 = time.monotonic()
         handle = self.start_a_rank()
         try:
             health = await _call(handle.health.remote(), self.timeouts.start)
@@ -131,6 +133,8 @@ class Groups:
         if self.reconcile is not None and await asyncio.to_thread(self.reconcile, health, handle):
             health = await _call(handle.health.remote(), self.timeouts.health)
         self.a_rank = Rank("A", A_RANK_NAME, handle, health["node_ip"], health["pid"])
+        if timed is not None:
+            timed["a_start_s"] = timed.get("a_start_s", 0.0) + time.monotonic() - t0
         return self.a_rank
 
     # ------------------------------------------------------------------------------------------------ forming
@@ -253,12 +257,16 @@ class Groups:
         its ranks chosen, the group formed, the request run; a rank lost mid-request makes it run once more on the
         ranks left (the note says so). ``auto`` uses one worker when A cannot hold a rank or this caller's queue
         is better served by pipelining (:meth:`choose`). Returns ``Denoised``, or None for the one-worker path."""
-        ranks, why = await self.choose(b, mode, workflow, call, shape)
+        # what auto would have done with this request (before it is measured): said when it would not group
+        auto = None if mode == "auto" else plan_parallel(self.clock, shape, call.num_inference_steps, 2, b.pending,
+                                                         self.a_work_s())
+        timed = {"t0": time.monotonic(), "auto": auto, "a_start_s": 0.0}
+        ranks, why = await self.choose(b, mode, workflow, call, shape, timed)
         if ranks is None:
             return None, why
         t0 = time.monotonic()
         try:
-            return await self._on(b, ranks, payload_ref, call, workflow, put, on_step, why, shape), why
+            return await self._on(b, ranks, payload_ref, call, workflow, put, on_step, why, shape, timed), why
         except RankLost as lost:
             left = [r for r in ranks if r.name != lost.rank.name]
             spent = time.monotonic() - t0
@@ -277,10 +285,13 @@ class Groups:
                               "the machine is back.") from None
             if len(left) == 1:
                 return await b.denoise_on_rank(left[0], payload_ref, call, workflow, put, on_step, rerun), rerun
-            return await self._on(b, left, payload_ref, call, workflow, put, on_step, rerun, shape), rerun
+            return await self._on(b, left, payload_ref, call, workflow, put, on_step, rerun, shape, timed), rerun
 
-    async def _on(self, b, ranks, payload_ref, call, workflow, put, on_step, note, shape=None):
+    async def _on(self, b, ranks, payload_ref, call, workflow, put, on_step, note, shape=None, timed=None):
+        before = self.current
         group = await self.form(ranks)
+        if timed is not None and group is not before:  # formed for this request: part of its time
+            timed["formed_s"] = timed.get("formed_s", 0.0) + group.formed_s
         seen = [0]
 
         async def follow(handle, recs_ref, fut):
@@ -291,6 +302,9 @@ class Groups:
         den = records[1]
         self.clock.add(shape, len(group.ranks), list(den.steps))
         readout = rank_records(records, group.ranks)
+        if timed is not None:
+            readout.update(group_timing(time.monotonic() - timed["t0"], timed.get("a_start_s", 0.0),
+                                        timed.get("formed_s", 0.0), timed["auto"], len(group.ranks)))
         records[1] = dataclasses.replace(den, note="; ".join(x for x in (den.note, f"{group.method} over "
                                          f"{len(group.ranks)} ranks", note) if x),
                                          info={**(den.info or {}), **readout, "parallel": True,
@@ -308,7 +322,7 @@ class Groups:
             return False
 
     async def choose(self, b, mode: str, workflow: str, call: wire.DenoiseCall,
-                     shape: tuple | None = None) -> tuple[list[Rank] | None, str]:
+                     shape: tuple | None = None, timed: dict | None = None) -> tuple[list[Rank] | None, str]:
         """The ranks of a request: A's rank first, then the B worker the pool picks (``A+B``) or every live worker
         (``all``); ``auto`` joins A to B when A can hold a rank, B's worker has nothing else queued and the measured
         times say it finishes this caller's queue sooner (:mod:`.parallel_plan`), else one worker. Returns
@@ -318,14 +332,14 @@ class Groups:
             if not choice.join:
                 return None, choice.why
             try:
-                a = await self.a()
+                a = await self.a(timed)
             except ParallelError as exc:
                 return None, f"parallel auto: one worker ({exc})"
             worker = await b.pick_for_group(workflow, call)
             if worker.queued_steps() > call.num_inference_steps:
                 return None, f"parallel auto: B worker {worker.name} has other requests queued: one worker"
             return [a, _rank_of(worker)], choice.why
-        a = await self.a()
+        a = await self.a(timed)
         if mode == "A+B":
             return [a, _rank_of(await b.pick_for_group(workflow, call))], f"parallel {mode}"
         workers = await b.all_workers(workflow)
@@ -354,6 +368,21 @@ def rank_records(records: list[StageRecord], ranks: list[Rank]) -> dict:
         step = steps[len(steps) // 2] if steps else None
         comm = float((rec.info or {}).get("comm_s") or 0.0)
         out.append({"rank": i, "machine": ranks[i].machine, "node": ranks[i].node_ip, "step_s": step,
-                    "comm_s": round(comm, 4), "comm_share": round(comm / rec.compute_s, 3) if rec.compute_s else None})
+                    "compute_s": round(rec.compute_s, 4), "comm_s": round(comm, 4),
+                    "comm_share": round(comm / rec.compute_s, 3) if rec.compute_s else None})
     return {"ranks": out}
+
+
+def group_timing(wall_s: float, a_start_s: float, formed_s: float, auto, world: int) -> dict:
+    """The rest of a group's readout: the wall time of the whole denoise (from choosing its ranks to rank 0's
+    latents: each rank's own ``compute_s`` overlaps the others', so they do not add up), what of it was the group's
+    start (A's rank starting and loading its model, the group forming), and, for ``A+B`` or ``all``, what ``auto``
+    would have done with this request (``auto``: its :class:`~.parallel_plan.Choice`, None under auto itself)."""
+    out = {"wall_s": round(wall_s, 4), "start_s": {"a_rank": round(a_start_s, 4), "group": round(formed_s, 4)}}
+    if auto is not None:
+        if not auto.join:
+            out["auto_view"] = "auto would have used one worker" + auto.why.removeprefix("parallel auto: one worker")
+        elif world > 2:
+            out["auto_view"] = "auto would have grouped A with one B worker only (it never groups more)"
+    return out
 
