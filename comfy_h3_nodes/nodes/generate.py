@@ -8,6 +8,7 @@ a batch of one whose denoise node waits for its job, showing B's steps on its ow
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 from ..engine.contract import request as rq
@@ -222,7 +223,11 @@ def schedule_extra(records: list[StageRecord], steps: int) -> dict:
     """What a denoise readout shows: forwards, the schedule B ran and where (partition, dtype, attention)."""
     den = next(r for r in records if r.stage == "denoise")
     ran = den.info
-    where = f" on {ran['partition']} ({ran['dtype']}, {ran['attention_backend']})" if ran else ""
+    where = ""
+    if ran:  # the file B loaded the partition from, and what it really ran as (a quantised file's layers as stored)
+        weights = (ran.get("weights") or {}).get(ran["partition"]) or {}
+        source = f" from {os.path.basename(weights['file'])}" if weights.get("file") else ""
+        where = f" on {ran['partition']}{source} ({weights.get('runs') or ran['dtype']}, {ran['attention_backend']})"
     return {"steps_total": len(den.steps), "schedule": f"{steps} sigma points{where}: {den.note}", "ran": ran}
 
 
