@@ -357,3 +357,47 @@ def test_a_template_names_comfy_org_files_on_both_machines(local_host, tiny_ckpt
     assert str(formats.RELEASED_CONFIG_DIR) not in dit_note, dit_note
     schedule = res.timing_payloads()["5"]["summary"]["schedule"]
     assert schedule.startswith(f"3 sigma points on transformer from {dit.name} ({runs}, sdpa): "), schedule
+
+
+# ------------------------------------------------------------------------------------------------ partitions
+def test_a_file_of_the_other_partition_is_refused_in_one_sentence(tiny_ckpt):
+    """t2va's and ref2va's transformers share every tensor name and shape (so do the tiny fixtures'), so only the
+    file's name (Comfy-Org's minimax_h3_<workflow>_...) says which it is: a ref2va file picked for transformer, or a
+    t2va one for transformer_ref, is refused naming the file and the fix; either is an H3 transformer to the pickers."""
+    from remote_worker.b_side import BSide
+
+    ref, t2va = fixture(tiny_ckpt, "transformer_ref:int8_convrot"), fixture(tiny_ckpt, "transformer:int8_convrot")
+    assert set(formats.read_safetensors_header(ref)[0]) == set(formats.read_safetensors_header(t2va)[0])
+    with pytest.raises(formats.FormatError) as err:
+        formats.detect(ref, "transformer")
+    assert str(err.value) == (f"{ref.name} is the ref2va transformer (its name says so), picked for partition "
+                              "transformer (t2va/fl2va): set partition to transformer_ref for it, or pick a t2va/fl2va "
+                              "transformer file for transformer.")
+    with pytest.raises(formats.FormatError, match=rf"^{t2va.name} is the t2va transformer .* partition transformer_ref "
+                                                  r"\(ref2va\): set partition to transformer for it"):
+        formats.detect(t2va, "transformer_ref")
+    assert formats.detect(ref, "transformer_ref").subfolder == "transformer_ref"
+    assert formats.is_h3_transformer(ref) and formats.is_h3_transformer(t2va)
+    with pytest.raises(formats.FormatError, match=f"{ref.name} is the ref2va transformer"):
+        BSide(tiny_ckpt, dtype="bfloat16", residency="one", sources={"transformer": str(ref)})
+
+
+def test_h3remotedit_refuses_a_ref2va_file_as_the_t2va_transformer(local_host, tiny_ckpt, tmp_path, monkeypatch):
+    """The t2va template with H3RemoteDiT's model_path set to a ref2va file (partition transformer): the run stops on
+    H3RemoteDiT with the sentence, before any request."""
+    from comfy_h3_nodes.tools import runner
+
+    models = tmp_path / "models" / "diffusion_models"
+    models.mkdir(parents=True)
+    ref = models / "minimax_h3_ref2va_int8_convrot.safetensors"
+    shutil.copy(fixture(tiny_ckpt, "transformer_ref:int8_convrot"), ref)
+    shutil.copytree(tiny_ckpt / "comfy" / "diffusion_models" / "transformer", models / "transformer")
+    monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "models"))
+    sets = ['1.model_path="tiny-random"', f'2.model_path={json.dumps(str(ref))}', '2.actor_name="h3_dit_refpick"',
+            "3.width=64", "3.height=64", "5.steps=3"]
+    with pytest.raises(Exception) as err:
+        runner.execute(str(runner.EXAMPLES / "h3_t2va.json"), sets=sets, output=str(tmp_path / "out"), quiet=True)
+    msg = str(err.value)
+    print(f"[refused] {type(err.value).__name__}: {msg}")
+    assert f"{ref.name} is the ref2va transformer (its name says so), picked for partition transformer" in msg, msg
+    assert "set partition to transformer_ref for it" in msg, msg

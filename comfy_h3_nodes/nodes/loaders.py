@@ -123,7 +123,8 @@ class H3RemoteDiT:
                 f"a typed path on B works too. '{TINY}' is a tiny random model B builds on first use.")}),
             "partition": (list(PARTITIONS), {"default": "transformer", "tooltip": (
                 "the partition B loads first; B switches to what each workflow needs (ref2va: transformer_ref), or "
-                "holds both when its memory plan allows. A transformer file as model_path is this partition.")}),
+                "holds both when its memory plan allows. A transformer file as model_path is this partition (one named "
+                "for the other, such as minimax_h3_ref2va_* for transformer, is refused).")}),
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
             "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
             "precision": (list(PRECISIONS), {"default": "auto", "tooltip": (
