@@ -260,6 +260,21 @@ def test_the_readout_names_the_ranks(local_host, pair, par_ckpt, media):
     assert set(summary["ran"]["start_s"]) == {"a_rank", "group"}
     stages = out["ui"]["h3_timing"][0]["stages"]
     assert [s["info"].get("rank") for s in stages if s["stage"] == "denoise"] == [0, 1]
+    # /h3/status lists A's DiT rank among the workers with its pid, as it lists B's
+    import os
+
+    import ray
+
+    from comfy_h3_nodes.engine import session
+    from comfy_h3_nodes.engine.executor.group import A_RANK_NAME
+    from comfy_h3_nodes.host import routes
+
+    st = routes.with_a_process(session.status())
+    rank = ray.get_actor(A_RANK_NAME, namespace="comfy_h3")
+    (a,) = [w for w in st["workers"] if w["name"] == A_RANK_NAME]
+    assert a["machine"] == "A" and a["pid"] == ray.get(rank.health.remote(), timeout=10)["pid"] != os.getpid(), a
+    assert a["ok"] and a["partitions"] == ["transformer"] or "transformer" in a["partitions"], a
+    assert all(w.get("pid") for w in st["workers"]), st["workers"]
 
 
 def test_auto_chooses_from_the_measured_times(workers, par_ckpt, a_side, media):

@@ -250,6 +250,26 @@ class Groups:
     def describe(self) -> dict | None:
         return self.current.describe() if self.current else None
 
+    def a_rank_status(self, bound: float) -> dict | None:
+        """A's DiT rank as ``/h3/status`` lists a DiT worker (node, pid, partitions, queue; ``machine`` A), asked
+        within ``bound``; None when this caller has not started one. A rank that does not answer is listed with the
+        pid it had and the reason."""
+        r = self.a_rank
+        if r is None:
+            return None
+        entry = {"name": r.name, "machine": "A", "role": "DiT rank (parallel denoise)", "node": r.node_ip,
+                 "pid": r.pid, "group": self.current.group_id if self.current else None}
+        try:
+            s = ray.get(r.handle.pool_status.remote(), timeout=bound)
+        except Exception as exc:  # noqa: BLE001 - listed as not answering, with why
+            return {**entry, "ok": False, "error": f"A's DiT rank did not answer: {first_line(exc)}"}
+        cur = s.get("current")
+        return {**entry, "ok": bool(s.get("ok")), "node": s.get("node_ip") or r.node_ip, "pid": s.get("pid") or r.pid,
+                "partitions": s.get("resident_partitions"), "precision": s.get("precision"), "dtype": s.get("dtype"),
+                "queue": s.get("queue", []), "queued_steps": s.get("queued_steps", 0),
+                "current_request": cur and cur.get("request_id"), "client": cur and cur.get("client"),
+                "current": cur, "step_s": s.get("step_s")}
+
     # ------------------------------------------------------------------------------------------------ a request
     async def run(self, b, mode: str, payload_ref, call: wire.DenoiseCall, workflow: str, put, on_step,
                   shape: tuple | None = None):
