@@ -273,7 +273,7 @@ def test_the_readout_names_the_ranks(local_host, pair, par_ckpt, media):
     rank = ray.get_actor(A_RANK_NAME, namespace="comfy_h3")
     (a,) = [w for w in st["workers"] if w["name"] == A_RANK_NAME]
     assert a["machine"] == "A" and a["pid"] == ray.get(rank.health.remote(), timeout=10)["pid"] != os.getpid(), a
-    assert a["ok"] and a["partitions"] == ["transformer"] or "transformer" in a["partitions"], a
+    assert a["ok"] and "transformer" in (a["partitions"] or []), a
     assert all(w.get("pid") for w in st["workers"]), st["workers"]
 
 
