@@ -187,7 +187,10 @@ def test_a_rank_killed_mid_denoise_reruns_on_the_ranks_left(request, single, med
     killed = {}
     handle = {"A": lambda: groups.a_rank.handle, "B": lambda: workers[0], "B2 of 3": lambda: workers[1]}[victim]
 
+    events = []
+
     def on_step(ev):
+        events.append(ev)
         if ev.index == 2 and not killed:
             pid = ray.get(handle().health.remote(), timeout=10)["pid"]
             killed["t"] = time.monotonic()
@@ -201,6 +204,15 @@ def test_a_rank_killed_mid_denoise_reruns_on_the_ranks_left(request, single, med
           f"kill; {rerun}")
     who = victim.split()[0][0]
     assert "re-run" in rerun and f"{who}'s rank" in rerun and "same seed" in rerun
+    # as it happens: one restart event naming the rank and the step it was lost at, then the steps from the first
+    (k,) = [i for i, ev in enumerate(events) if ev.restart]
+    at = max(ev.index for ev in events[:k]) + 1
+    left = {"A": "B", "B": "A", "B2 of 3": "A + B (h3_dit_par_b1)"}[victim]
+    lost = {"A": "A", "B": "B", "B2 of 3": "B (h3_dit_par_b2)"}[victim]
+    assert events[k].restart == f"rank {lost} lost at step {at}: re-running on {left}", events[k].restart
+    assert events[k].index == -1 and at >= 3 and events[k].total == 39
+    after = [ev.index for ev in events[k + 1:]]
+    assert after == list(range(39)), after  # the survivors' forwards, counted from the first again
     assert len(recs) == world - 1 or (world - 1 == 1 and len(recs) == 1)
     assert float(np.abs(job.latents().latents.data - one.latents.data).max()) < PARALLEL_TOL
     for w in workers:  # a B worker restarts (max_restarts -1); wait until every one serves again
@@ -340,3 +352,34 @@ def test_a_group_readout_leads_with_the_wall_time_and_says_what_auto_would_do():
     assert "auto_view" not in group_timing(30.0, 0.0, 0.0, None, 2)  # under auto: its own choice is in the note
     one = [StageRecord("r", "denoise", "B", "b", 0.0, 40.0, compute_s=40.0, steps=(0.8,) * 49)]
     assert _summary(one, "denoise")["compute_s"] == 40.0  # one worker: its own time, as before
+
+
+def test_a_restart_is_said_on_the_node_and_its_bar_starts_over(monkeypatch):
+    """The node's side of a re-run (no cluster): the step events' sink says the restart's sentence as the node's
+    progress text, sends h3.progress with ``restart`` at step 0 and puts the bar back to 0; a batch counts the
+    request's forwards from 0 again."""
+    from comfy_h3_nodes.engine.contract.timing import StepRecord
+    from comfy_h3_nodes.engine.executor.pipeline import BatchProgress
+    from comfy_h3_nodes.host import LocalHost, set_host
+    from comfy_h3_nodes.nodes.common import step_events
+
+    h = LocalHost()
+    set_host(h)
+    bar = h.progress("5", 39)
+    events = step_events("5", bar)
+    batch = BatchProgress(2, 39)
+    for i in range(6):
+        events(StepRecord(i, 39, 0.5, "r1"))
+        batch.step("r1", i)
+    assert bar.bar.n == 6 and batch.value == 6
+    why = "rank A lost at step 6: re-running on B"
+    events(StepRecord(-1, 39, 0.0, "r1", restart=why))
+    batch.step("r1", -1)
+    assert bar.bar.n == 0 and batch.value == 0 and events.restarts == [why]
+    assert ("h3.text", {"node": "5", "text": why}) in h.events
+    (restart,) = [d for e, d in h.events if e == "h3.progress" and d.get("restart")]
+    assert restart == {"prompt_id": None, "node": "5", "request_id": "r1", "step": 0, "total": 39, "seconds": 0.0,
+                       "restart": why}
+    events(StepRecord(0, 39, 0.5, "r1"))
+    assert bar.bar.n == 1
+    bar.close()

@@ -312,6 +312,8 @@ function liveModel(model, ns, machine, verb) {
     { text: `${machine} ${verb} ${fmtSeconds(st.total_s)}`, cls: "h3-compute", key: "compute" },
     { text: forwardsText(done, total), cls: "h3-steps", key: "steps" },
   ]);
+  // a DiT rank was lost mid-denoise: the request runs again on the ranks left, counted from its first forward
+  if (ns.progress.restart) model.lines.push([detail(ns.progress.restart, "restart", "h3-error")]);
   const more = [];
   if (ps.length) more.push(detail(`last forward ${fmtSeconds(ps[ps.length - 1].seconds)}`, "last"));
   if (total !== null && total > done && st.mean_s !== null) more.push(detail(`~${fmtSeconds(st.mean_s * (total - done))} left`, "eta"));

@@ -641,13 +641,17 @@ export class H3Store {
     const total = num(p.total);
     const seconds = num(p.seconds) ?? 0;
     const rid = p.request_id === null || p.request_id === undefined || p.request_id === "" ? null : String(p.request_id);
+    // a DiT rank was lost: the request runs again from its first step; the count starts over and the reason stays
+    const restart = typeof p.restart === "string" && p.restart ? p.restart : null;
     if (p.node !== null && p.node !== undefined) {
       const ns = this.node(p.node, this._nodesFor(p.prompt_id));
       if (!ns.node_type) ns.node_type = "H3RemoteDenoise";
-      if (!ns.progress || ns.progress.request_id !== rid) {
-        ns.progress = { request_id: rid, total: null, steps: new Map(), final: false };
+      if (!ns.progress || ns.progress.request_id !== rid || restart) {
+        const kept = ns.progress && ns.progress.request_id === rid ? ns.progress : null;
+        ns.progress = { request_id: rid, total: null, steps: new Map(), final: false,
+                        restart: restart ?? kept?.restart ?? null, batch: kept?.batch };
       }
-      ns.progress.steps.set(step, seconds);
+      if (!restart) ns.progress.steps.set(step, seconds);
       if (total !== null) ns.progress.total = total;
       const preview = previewOf(p.preview);
       if (preview) ns.progress.preview = preview;
@@ -660,8 +664,8 @@ export class H3Store {
     }
     const req = this.request(rid);
     if (req) {
-      if (!req.progress) req.progress = { total: null, steps: new Map() };
-      req.progress.steps.set(step, seconds);
+      if (!req.progress || restart) req.progress = { total: null, steps: new Map(), restart };
+      if (!restart) req.progress.steps.set(step, seconds);
       if (total !== null) req.progress.total = total;
       if (p.prompt_id) {
         req.prompt_id = p.prompt_id;

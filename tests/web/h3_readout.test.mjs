@@ -167,3 +167,19 @@ test("a DiT group's denoise leads with its wall time, then each rank's, its star
   assert.match(kept, /^A\+B denoise 46\.0 s/);
   assert.doesNotMatch(kept, /group's start|auto would/);
 });
+
+test("a rank lost mid-denoise: the node says so and counts the re-run from its first forward", () => {
+  const store = new H3Store();
+  for (const step of [1, 2, 3, 4, 5, 6]) {
+    store.ingestProgress({ prompt_id: "p", node: "5", request_id: "r", step, total: 49, seconds: 1 });
+  }
+  store.ingestProgress({ prompt_id: "p", node: "5", request_id: "r", step: 0, total: 49, seconds: 0,
+                         restart: "rank A lost at step 6: re-running on B" });
+  let text = readoutText(readoutModel(store, "5"));
+  assert.match(text, /rank A lost at step 6: re-running on B/);
+  assert.match(text, /forward 0 of 49/);
+  store.ingestProgress({ prompt_id: "p", node: "5", request_id: "r", step: 1, total: 49, seconds: 2 });
+  text = readoutText(readoutModel(store, "5"));
+  assert.match(text, /^B denoise 2\.0 s · forward 1 of 49 \(50 sigma points\)/);  // not 7 of 49
+  assert.match(text, /rank A lost at step 6: re-running on B/);
+});

@@ -27,7 +27,7 @@ import ray
 
 from ..contract import wire
 from ..contract.errors import H3Cancelled, H3Error
-from ..contract.timing import StageRecord
+from ..contract.timing import StageRecord, StepRecord
 from ..model.parallel import ParallelError, method_for
 from .failures import WORKER_LOST, creation_cause, first_line
 from .handoff import unwrap_ray_error
@@ -289,7 +289,7 @@ class Groups:
             return await self._on(b, ranks, payload_ref, call, workflow, put, on_step, why, shape, timed), why
         except RankLost as lost:
             left = [r for r in ranks if r.name != lost.rank.name]
-            spent = time.monotonic() - t0
+            spent, at = time.monotonic() - t0, timed.get("steps_seen", 0)
             rerun = (f"re-run on {' + '.join(f'{r.machine} {r.node_ip}' for r in left)} with the same seed after "
                      f"{lost.rank.machine}'s rank {lost.rank.name} ({lost.rank.node_ip}) was lost {spent:.1f} s into "
                      f"the request ({type(lost.exc).__name__})")
@@ -303,6 +303,9 @@ class Groups:
                 raise H3Error(f"machine {lost.rank.machine} ({lost.rank.node_ip}) was lost during the parallel "
                               f"denoise of request {call.request_id} and no other rank answers: run it again once "
                               "the machine is back.") from None
+            if on_step is not None:  # the node says so as it happens, and its bar starts over
+                on_step(StepRecord(-1, timed.get("total") or max(call.num_inference_steps - 1, 1), 0.0,
+                                   call.request_id, restart=restart_text(lost.rank, at, left, ranks)))
             if len(left) == 1:
                 return await b.denoise_on_rank(left[0], payload_ref, call, workflow, put, on_step, rerun), rerun
             return await self._on(b, left, payload_ref, call, workflow, put, on_step, rerun, shape, timed), rerun
@@ -313,6 +316,12 @@ class Groups:
         if timed is not None and group is not before:  # formed for this request: part of its time
             timed["formed_s"] = timed.get("formed_s", 0.0) + group.formed_s
         seen = [0]
+        if timed is not None and on_step is not None:  # the steps rank 0 reported: where a lost rank stopped it
+            timed["steps_seen"], told = 0, on_step
+
+            def on_step(ev):
+                timed["steps_seen"], timed["total"] = max(timed["steps_seen"], ev.index + 1), ev.total
+                told(ev)
 
         async def follow(handle, recs_ref, fut):
             seen[0] = await b.follow(handle, call.request_id, fut, recs_ref, on_step)
@@ -391,6 +400,16 @@ def rank_records(records: list[StageRecord], ranks: list[Rank]) -> dict:
                     "compute_s": round(rec.compute_s, 4), "comm_s": round(comm, 4),
                     "comm_share": round(comm / rec.compute_s, 3) if rec.compute_s else None})
     return {"ranks": out}
+
+
+def restart_text(lost: Rank, at: int, left: list[Rank], ranks: list[Rank]) -> str:
+    """``rank A lost at step 6: re-running on B`` (a B rank named when the group had several)."""
+    several_b = sum(r.machine == "B" for r in ranks) > 1
+
+    def who(r: Rank) -> str:
+        return f"{r.machine} ({r.name})" if r.machine == "B" and several_b else r.machine
+
+    return f"rank {who(lost)} lost at step {at}: re-running on {' + '.join(who(r) for r in left)}"
 
 
 def group_timing(wall_s: float, a_start_s: float, formed_s: float, auto, world: int) -> dict:
