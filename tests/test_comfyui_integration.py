@@ -708,6 +708,10 @@ def test_template_with_parallel_a_plus_b_runs_to_mp4(comfyui, tmp_path):
     status, _, body = asyncio.run(_get(comfyui, "/api/h3/status"))
     groups = [a["health"].get("group") for a in json.loads(body)["actors"] if "health" in a]
     assert any(g and [r["machine"] for r in g["ranks"]] == ["A", "B"] for g in groups), groups
+    # the readout's figure is the group's wall time, not the ranks' sum; /h3/status lists A's rank with its pid
+    assert den["summary"]["compute_s"] == den["summary"]["ran"]["wall_s"], den["summary"]
+    (rank_a,) = [w for w in json.loads(body)["workers"] if w.get("machine") == "A"]
+    assert rank_a["name"] == "h3_rank_a" and rank_a["pid"] and rank_a["ok"], rank_a
 
 
 @pytest.mark.parametrize("method", ["latent2rgb", "taesd", "none"])
@@ -857,6 +861,10 @@ def test_template_names_comfy_org_files_on_both_machines(comfyui):
     note = timings["1"]["stages"][0]["note"]
     assert "text_encoder from file qwen3vl_32b_minimax_h3_int8_convrot.safetensors (int8, dequantised" in note, note
     assert "B plan (fp8_scaled pruned" in timings["2"]["stages"][0]["note"]
+    # H3RemoteDiT names the file picked and what runs (not the configs folder, not a bare bfloat16)
+    runs = "fp8_scaled layers as stored, dequantised per call to bfloat16, pruned AdaLN in fp32"
+    assert f"{dit.name}, transformer, precision auto: {runs}" in timings["2"]["stages"][0]["note"], timings["2"]
+    assert f"on transformer from {dit.name} ({runs}, sdpa)" in timings["5"]["summary"]["schedule"], timings["5"]
     # the embedded B searched ComfyUI's diffusion_models folder too: its picker lists the DiT file, by its keys
     status, _, body = asyncio.run(_get(comfyui, "/object_info/H3RemoteDiT"))
     assert str(dit) in json.loads(body)["H3RemoteDiT"]["input"]["required"]["model_path"][0]

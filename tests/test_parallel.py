@@ -322,7 +322,8 @@ def test_a_group_readout_leads_with_the_wall_time_and_says_what_auto_would_do():
     wall time (the ranks ran at once: their times do not add up), each rank keeps its own; the start of A's rank
     and the group's forming are said when they were part of the time, and auto's verdict when it would not group."""
     from comfy_h3_nodes.engine.contract.timing import StageRecord
-    from comfy_h3_nodes.engine.executor.group import Rank, group_timing, rank_records
+    from comfy_h3_nodes.engine.executor.group import Rank
+    from comfy_h3_nodes.engine.executor.group_readout import group_timing, rank_records
     from comfy_h3_nodes.engine.executor.parallel_plan import StepClock, choose
     from comfy_h3_nodes.nodes.common import _summary
 

@@ -31,6 +31,7 @@ from ..contract.timing import StageRecord, StepRecord
 from ..model.parallel import ParallelError, method_for
 from .failures import WORKER_LOST, creation_cause, first_line
 from .handoff import unwrap_ray_error
+from .group_readout import group_timing, rank_records, restart_text, status_row
 from .parallel_plan import StepClock
 from .parallel_plan import choose as plan_parallel
 
@@ -263,12 +264,7 @@ class Groups:
             s = ray.get(r.handle.pool_status.remote(), timeout=bound)
         except Exception as exc:  # noqa: BLE001 - listed as not answering, with why
             return {**entry, "ok": False, "error": f"A's DiT rank did not answer: {first_line(exc)}"}
-        cur = s.get("current")
-        return {**entry, "ok": bool(s.get("ok")), "node": s.get("node_ip") or r.node_ip, "pid": s.get("pid") or r.pid,
-                "partitions": s.get("resident_partitions"), "precision": s.get("precision"), "dtype": s.get("dtype"),
-                "queue": s.get("queue", []), "queued_steps": s.get("queued_steps", 0),
-                "current_request": cur and cur.get("request_id"), "client": cur and cur.get("client"),
-                "current": cur, "step_s": s.get("step_s")}
+        return status_row(entry, s)
 
     # ------------------------------------------------------------------------------------------------ a request
     async def run(self, b, mode: str, payload_ref, call: wire.DenoiseCall, workflow: str, put, on_step,
@@ -387,41 +383,3 @@ def _collective_failure(exc: BaseException) -> bool:
 
 async def _call(ref, timeout: float):
     return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
-
-
-def rank_records(records: list[StageRecord], ranks: list[Rank]) -> dict:
-    """The readout of a group's run: ranks, their machines, each one's step time and communication share."""
-    out = []
-    for i, rec in enumerate(records[1:]):
-        steps = sorted(rec.steps)
-        step = steps[len(steps) // 2] if steps else None
-        comm = float((rec.info or {}).get("comm_s") or 0.0)
-        out.append({"rank": i, "machine": ranks[i].machine, "node": ranks[i].node_ip, "step_s": step,
-                    "compute_s": round(rec.compute_s, 4), "comm_s": round(comm, 4),
-                    "comm_share": round(comm / rec.compute_s, 3) if rec.compute_s else None})
-    return {"ranks": out}
-
-
-def restart_text(lost: Rank, at: int, left: list[Rank], ranks: list[Rank]) -> str:
-    """``rank A lost at step 6: re-running on B`` (a B rank named when the group had several)."""
-    several_b = sum(r.machine == "B" for r in ranks) > 1
-
-    def who(r: Rank) -> str:
-        return f"{r.machine} ({r.name})" if r.machine == "B" and several_b else r.machine
-
-    return f"rank {who(lost)} lost at step {at}: re-running on {' + '.join(who(r) for r in left)}"
-
-
-def group_timing(wall_s: float, a_start_s: float, formed_s: float, auto, world: int) -> dict:
-    """The rest of a group's readout: the wall time of the whole denoise (from choosing its ranks to rank 0's
-    latents: each rank's own ``compute_s`` overlaps the others', so they do not add up), what of it was the group's
-    start (A's rank starting and loading its model, the group forming), and, for ``A+B`` or ``all``, what ``auto``
-    would have done with this request (``auto``: its :class:`~.parallel_plan.Choice`, None under auto itself)."""
-    out = {"wall_s": round(wall_s, 4), "start_s": {"a_rank": round(a_start_s, 4), "group": round(formed_s, 4)}}
-    if auto is not None:
-        if not auto.join:
-            out["auto_view"] = "auto would have used one worker" + auto.why.removeprefix("parallel auto: one worker")
-        elif world > 2:
-            out["auto_view"] = "auto would have grouped A with one B worker only (it never groups more)"
-    return out
-
