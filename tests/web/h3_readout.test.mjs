@@ -72,15 +72,17 @@ test("a running denoise: forward k of n with sigma points, the newest preview, i
 
 test("H3RemoteDiT: B's status line, each part on its own line, and the memory plan", () => {
   const store = new H3Store();
-  const status = "A 10.0.0.2 · B 10.0.0.3 (cuda:0; /models/MiniMax-H3, transformer, bfloat16, precision fp8, " +
-    "attention sdpa) · pool of 2: h3_dit 10.0.0.3, h3_dit_b2 10.0.0.4";
+  const status = "A 10.0.0.2 · B 10.0.0.3 (cuda:0; /models/MiniMax-H3, transformer, precision fp8: fp8 storage, " +
+    "bfloat16 compute, attention sdpa) · pool of 2: h3_dit 10.0.0.3, h3_dit_b2 10.0.0.4";
   const plan = "B plan (fp8): transformer 12.1 GiB + working 3.2 GiB = 15.3 GiB <= 110.0 GiB free on B";
   store.ingestTiming(timing("H3RemoteDiT", "2", [rec("connect", "B", 1, 1.2, { note: status })],
                             { machine: "B", status, memory_plan: plan }));
   const m = readoutModel(store, "2");
   assert.equal(m.lines[0][0].text, "B connect 250 ms");
   assert.deepEqual(m.lines.slice(1).map((l) => l.map((p) => p.text).join(" · ")),
-                   ["A 10.0.0.2", "B 10.0.0.3 (cuda:0; /models/MiniMax-H3, transformer, bfloat16, precision fp8, attention sdpa)",
+                   ["A 10.0.0.2",
+                    "B 10.0.0.3 (cuda:0; /models/MiniMax-H3, transformer, precision fp8: fp8 storage, bfloat16 compute, " +
+                    "attention sdpa)",
                     "pool of 2: h3_dit 10.0.0.3, h3_dit_b2 10.0.0.4", plan]);
 });
 
