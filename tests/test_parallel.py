@@ -251,14 +251,17 @@ def test_a_rank_the_memory_plan_refuses(workers, par_ckpt, a_side, media):
         ex.shutdown()
 
 
-def test_the_readout_names_the_ranks(local_host, pair, par_ckpt, media):
+def test_the_readout_names_the_ranks(request, local_host, pair, par_ckpt, media):
     import asyncio
 
     import comfy_h3_nodes.nodes as N
+    from comfy_h3_nodes.engine import session
 
     encoders = N.H3LoadEncoders().load(str(par_ckpt), "float32", "sdpa")["result"][0]
     dit = N.H3RemoteDiT().connect("local", "h3_dit_par_b1", "comfy_h3", str(par_ckpt), "transformer", "float32",
                                   "sdpa", parallel="A+B", unique_id="2")
+    # this module's workers go at its end: later modules' /h3/status must not find this connection to them
+    request.addfinalizer(lambda: session.forget("h3_dit_par_b1"))
     assert dit["ui"]["h3_timing"][0]["summary"]["parallel"] == "A+B"
     cond = N.H3TextEncode().encode(encoders, "a robot dances", 64, 64, 124)["result"][0]
     out = asyncio.run(N.H3RemoteDenoise().denoise(dit["result"][0], cond, 3, 3, unique_id="5"))
@@ -277,7 +280,6 @@ def test_the_readout_names_the_ranks(local_host, pair, par_ckpt, media):
 
     import ray
 
-    from comfy_h3_nodes.engine import session
     from comfy_h3_nodes.engine.executor.group import A_RANK_NAME
     from comfy_h3_nodes.host import routes
 
