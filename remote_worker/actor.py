@@ -317,7 +317,7 @@ class DiTActorImpl(ResidentActorMixin):
         return {"model": self.config["model_dir"], "model_dir": str(self.side.model_dir),
                 "partition": self.side.partition, "resident": sorted(self.side.resident()),
                 "dtype": self.side.dtype, "attention_backend": self.config.get("attention_backend", "sdpa"),
-                "precision": self.config.get("precision") or "auto",
+                "precision": self.config.get("precision") or "auto", "weights": self.side.weights(),
                 "swapped_s": round(swap_s, 4), "vsa": self.side.vsa_info() or None}
 
     @ray.method(concurrency_group="denoise")

@@ -359,6 +359,12 @@ class BSide:
                                                               b_components(PARTITION_OF[workflow]))
         return self._pipes[workflow]
 
+    def weights(self) -> dict[str, dict]:
+        """Per partition B can run: the file it loads from (None: the model folder) and what it runs as
+        (:func:`memory_plan.runs_as`: a quantised file's layers as stored, fp8 storage, a GGUF, or the dtype)."""
+        return {p: {"file": None if src.kind == "folder" else str(src.path),
+                    "runs": memory_plan.runs_as(src, self.precision, self.dtype)} for p, src in self.sources.items()}
+
     def resident(self) -> dict[str, str]:
         names = (*self.resident_partitions, *SCHEDULERS, *(("vae",) if self.vae is not None else ()))
         return {n: type(getattr(self._host, n)).__name__ for n in names}

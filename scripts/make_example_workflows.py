@@ -191,8 +191,8 @@ def note(model: str, lora: bool = False) -> tuple:
     text = (f"`model_path` says `{model}`. Choose your model there on {fields}, or choose `{tiny}`"
             f"{' (and `tiny-random` for the LoRA)' if lora else ''} to try the pack without weights: a tiny random "
             f"model each machine builds on first use (its video is noise).\n\n"
-            f"**H3RemoteDiT** runs on machine B: `ray_address` `local` starts B in this ComfyUI; for a second Spark "
-            f"see the README's *Spark-B setup*.")
+            f"**H3RemoteDiT** runs on machine B: `cluster_address` `local` starts B in this ComfyUI; for a second "
+            f"Spark see the README's *Machine B (the DiT)*.")
     return (NOTE_ID, NOTE_TYPE, [text], {})
 
 

@@ -12,6 +12,7 @@ int8_convrot or nvfp4_awq text encoder file stay within ``TE_TOL`` of the folder
 from __future__ import annotations
 
 import json
+import pathlib
 import shutil
 
 import numpy as np
@@ -136,6 +137,41 @@ def test_b_runs_every_transformer_layout_in_every_workflow(tiny_ckpt, encoded, f
             diff = (getattr(got, field).to_torch() - ref).abs().max().item()
             assert 0 < diff < PRUNED_TOL, (label, wf, field, diff)
     assert b.partition == "transformer_ref"  # ref2va ran on the ref file
+
+
+@pytest.mark.parametrize("label,precision,runs,storage", [
+    ("int8_convrot", "auto", "int8 layers as stored, dequantised per call to bfloat16", torch.int8),
+    ("pruned_fp8_scaled", "auto", "fp8_scaled layers as stored, dequantised per call to bfloat16, pruned AdaLN in "
+                                  "fp32", torch.float8_e4m3fn),
+    ("pruned_int8_convrot", "bf16", "int8 dequantised to bfloat16 at load, pruned AdaLN in fp32", torch.bfloat16),
+])
+def test_b_says_which_file_it_runs_and_at_what_precision(tiny_ckpt, label, precision, runs, storage):
+    """What B reports for each partition (the readouts' source): the file picked, not the configs folder the pack
+    ships, and what the layers really are: a quantised file's layers as stored (their storage dtype checked on the
+    model) or dequantised at load. H3RemoteDiT's line and the denoise's schedule say the same."""
+    from comfy_kitchen.tensor import QuantizedTensor
+
+    from comfy_h3_nodes.engine.contract.timing import StageRecord
+    from comfy_h3_nodes.nodes.generate import schedule_extra
+    from comfy_h3_nodes.nodes.loaders import b_config_text
+    from remote_worker.b_side import BSide
+
+    files = _dit(tiny_ckpt, label)
+    b = BSide(tiny_ckpt, dtype="bfloat16", residency="one",
+              precision=precision, sources=files)
+    weight = b._host.transformer.transformer_blocks[0].attn.to_q.weight
+    held = weight._qdata.dtype if isinstance(weight, QuantizedTensor) else weight.dtype
+    assert held == storage, (label, held)
+    w = b.weights()
+    assert w["transformer"] == {"file": files["transformer"], "runs": runs}, w
+    health = {"model": files["transformer"], "model_dir": str(formats.RELEASED_CONFIG_DIR), "partition": "transformer",
+              "dtype": b.dtype, "precision": precision, "attention_backend": "sdpa", "weights": w,
+              "memory_plan": {"resident_partitions": ["transformer"]}}
+    name = pathlib.Path(files["transformer"]).name
+    assert b_config_text(health) == f"{name}, transformer, precision {precision}: {runs}, attention sdpa"
+    den = StageRecord("r", "denoise", "B", "b", 0.0, 1.0, steps=(0.1, 0.1), note="2 forwards",
+                      info={**health, "attention_backend": "sdpa"})
+    assert schedule_extra([den], 3)["schedule"] == f"3 sigma points on transformer from {name} ({runs}, sdpa): 2 forwards"
 
 
 def test_pruned_file_runs_the_curve_and_dequantised_precision(tiny_ckpt, encoded):
@@ -315,5 +351,53 @@ def test_a_template_names_comfy_org_files_on_both_machines(local_host, tiny_ckpt
     note = res.timing_payloads()["1"]["stages"][0]["note"]
     assert "text_encoder from file qwen3vl_32b_minimax_h3_bf16.safetensors (plain)" in note
     assert "vae from file minimax_h3_video_vae_int8_convrot.safetensors (int8, dequantised to bfloat16)" in note
-    den = res.timing_payloads()["2"]["stages"][0]["note"]
-    assert "minimax_h3_t2va_pruned_fp8_scaled" in den or "fp8_scaled pruned" in den, den
+    dit_note = res.timing_payloads()["2"]["stages"][0]["note"]  # H3RemoteDiT: the file picked, what it runs as
+    runs = "fp8_scaled layers as stored, dequantised per call to bfloat16, pruned AdaLN in fp32"
+    assert f"{dit.name}, transformer, precision auto: {runs}" in dit_note, dit_note
+    assert str(formats.RELEASED_CONFIG_DIR) not in dit_note, dit_note
+    schedule = res.timing_payloads()["5"]["summary"]["schedule"]
+    assert schedule.startswith(f"3 sigma points on transformer from {dit.name} ({runs}, sdpa): "), schedule
+
+
+# ------------------------------------------------------------------------------------------------ partitions
+def test_a_file_of_the_other_partition_is_refused_in_one_sentence(tiny_ckpt):
+    """t2va's and ref2va's transformers share every tensor name and shape (so do the tiny fixtures'), so only the
+    file's name (Comfy-Org's minimax_h3_<workflow>_...) says which it is: a ref2va file picked for transformer, or a
+    t2va one for transformer_ref, is refused naming the file and the fix; either is an H3 transformer to the pickers."""
+    from remote_worker.b_side import BSide
+
+    ref, t2va = fixture(tiny_ckpt, "transformer_ref:int8_convrot"), fixture(tiny_ckpt, "transformer:int8_convrot")
+    assert set(formats.read_safetensors_header(ref)[0]) == set(formats.read_safetensors_header(t2va)[0])
+    with pytest.raises(formats.FormatError) as err:
+        formats.detect(ref, "transformer")
+    assert str(err.value) == (f"{ref.name} is the ref2va transformer (its name says so), picked for partition "
+                              "transformer (t2va/fl2va): set partition to transformer_ref for it, or pick a t2va/fl2va "
+                              "transformer file for transformer.")
+    with pytest.raises(formats.FormatError, match=rf"^{t2va.name} is the t2va transformer .* partition transformer_ref "
+                                                  r"\(ref2va\): set partition to transformer for it"):
+        formats.detect(t2va, "transformer_ref")
+    assert formats.detect(ref, "transformer_ref").subfolder == "transformer_ref"
+    assert formats.is_h3_transformer(ref) and formats.is_h3_transformer(t2va)
+    with pytest.raises(formats.FormatError, match=f"{ref.name} is the ref2va transformer"):
+        BSide(tiny_ckpt, dtype="bfloat16", residency="one", sources={"transformer": str(ref)})
+
+
+def test_h3remotedit_refuses_a_ref2va_file_as_the_t2va_transformer(local_host, tiny_ckpt, tmp_path, monkeypatch):
+    """The t2va template with H3RemoteDiT's model_path set to a ref2va file (partition transformer): the run stops on
+    H3RemoteDiT with the sentence, before any request."""
+    from comfy_h3_nodes.tools import runner
+
+    models = tmp_path / "models" / "diffusion_models"
+    models.mkdir(parents=True)
+    ref = models / "minimax_h3_ref2va_int8_convrot.safetensors"
+    shutil.copy(fixture(tiny_ckpt, "transformer_ref:int8_convrot"), ref)
+    shutil.copytree(tiny_ckpt / "comfy" / "diffusion_models" / "transformer", models / "transformer")
+    monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "models"))
+    sets = ['1.model_path="tiny-random"', f'2.model_path={json.dumps(str(ref))}', '2.actor_name="h3_dit_refpick"',
+            "3.width=64", "3.height=64", "5.steps=3"]
+    with pytest.raises(Exception) as err:
+        runner.execute(str(runner.EXAMPLES / "h3_t2va.json"), sets=sets, output=str(tmp_path / "out"), quiet=True)
+    msg = str(err.value)
+    print(f"[refused] {type(err.value).__name__}: {msg}")
+    assert f"{ref.name} is the ref2va transformer (its name says so), picked for partition transformer" in msg, msg
+    assert "set partition to transformer_ref for it" in msg, msg

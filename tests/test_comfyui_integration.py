@@ -725,6 +725,10 @@ def test_template_with_parallel_a_plus_b_runs_to_mp4(comfyui, tmp_path):
     status, _, body = asyncio.run(_get(comfyui, "/api/h3/status"))
     groups = [a["health"].get("group") for a in json.loads(body)["actors"] if "health" in a]
     assert any(g and [r["machine"] for r in g["ranks"]] == ["A", "B"] for g in groups), groups
+    # the readout's figure is the group's wall time, not the ranks' sum; /h3/status lists A's rank with its pid
+    assert den["summary"]["compute_s"] == den["summary"]["ran"]["wall_s"], den["summary"]
+    (rank_a,) = [w for w in json.loads(body)["workers"] if w.get("machine") == "A"]
+    assert rank_a["name"] == "h3_rank_a" and rank_a["pid"] and rank_a["ok"], rank_a
 
 
 @pytest.mark.parametrize("method", ["latent2rgb", "taesd", "none"])
@@ -793,8 +797,20 @@ def test_bad_inputs_are_refused_by_post_prompt(comfyui, tiny_ckpt):
     assert status == 400, answer
     errs = answer["node_errors"]["3"]
     assert errs["class_type"] == "H3TextEncode"
-    details = [e["details"] for e in errs["errors"] if e["type"] == "custom_validation_failed"]
-    assert details and all("width 500 is not a multiple of 32; nearest valid: 480 or 512" in d for d in details)
+    # ComfyUI lists the check's one message under every input VALIDATE_INPUTS names (width and height): the message
+    # is about width and says so, and that ComfyUI shows it under height too
+    shown = {e["extra_info"]["input_name"]: e["details"] for e in errs["errors"]
+             if e["type"] == "custom_validation_failed"}
+    sentence = ("width 500 is not a multiple of 32; nearest valid: 480 or 512. (About width only: ComfyUI lists a "
+                "node's own check under every input the check reads, so height shows it too.)")
+    assert shown == {"width": f"width - {sentence}", "height": f"height - {sentence}"}, shown
+    api, _ = _prompt(tiny_ckpt)
+    api["3"]["inputs"]["height"] = 0  # the automatic canvas needs width 0 too: the message is about height
+    status, answer = asyncio.run(_post_prompt(comfyui, api))
+    assert status == 400, answer
+    (detail, *_) = [e["details"] for e in answer["node_errors"]["3"]["errors"]
+                    if e["type"] == "custom_validation_failed"]
+    assert detail.split(" - ", 1)[1].startswith("height 0 means an automatic canvas, which needs width 0 too"), detail
 
     # our VALIDATE_INPUTS must leave ComfyUI's own checks of the other inputs in place
     api, _ = _prompt(tiny_ckpt)
@@ -925,6 +941,10 @@ def test_template_names_comfy_org_files_on_both_machines(comfyui):
     note = timings["1"]["stages"][0]["note"]
     assert "text_encoder from file qwen3vl_32b_minimax_h3_int8_convrot.safetensors (int8, dequantised" in note, note
     assert "B plan (fp8_scaled pruned" in timings["2"]["stages"][0]["note"]
+    # H3RemoteDiT names the file picked and what runs (not the configs folder, not a bare bfloat16)
+    runs = "fp8_scaled layers as stored, dequantised per call to bfloat16, pruned AdaLN in fp32"
+    assert f"{dit.name}, transformer, precision auto: {runs}" in timings["2"]["stages"][0]["note"], timings["2"]
+    assert f"on transformer from {dit.name} ({runs}, sdpa)" in timings["5"]["summary"]["schedule"], timings["5"]
     # the embedded B searched ComfyUI's diffusion_models folder too: its picker lists the DiT file, by its keys
     status, _, body = asyncio.run(_get(comfyui, "/object_info/H3RemoteDiT"))
     assert str(dit) in json.loads(body)["H3RemoteDiT"]["input"]["required"]["model_path"][0]

@@ -13,6 +13,7 @@ checks the same in the real frontend, and with every readout filled.
 from __future__ import annotations
 
 import json
+import re
 import pathlib
 
 import pytest
@@ -99,3 +100,40 @@ def test_each_template_says_on_the_canvas_what_to_set_before_the_first_run(path)
     for node in wf["nodes"]:
         if node["type"] in ("H3LoadEncoders", "H3RemoteDiT", "H3LoRA"):
             assert f"**{node['type']}**" in text, f"{path.name}: the note does not name {node['type']}"
+
+
+def _readme_headings() -> set[str]:
+    text = (ROOT / "README.md").read_text()
+    return {m.group(1).strip() for m in re.finditer(r"^#{1,6} +(.+?)\s*$", text, re.M)}
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_the_note_names_only_real_inputs_and_readme_sections(path):
+    """Every backticked name in the note (a word such as `cluster_address`, not a path or a value) is an input of a
+    node in the template or of the pack, or a value one of its widgets holds or offers; every README section it
+    points to ("the README's *...*") is a heading of README.md."""
+    from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
+    from comfy_h3_nodes.tools.runner import input_specs
+
+    wf = json.loads(path.read_text())
+    (note,) = [n for n in wf["nodes"] if n["type"] == "MarkdownNote"]
+    text = note["widgets_values"][0]
+    names, values = set(), set()
+    for cls in NODE_CLASS_MAPPINGS.values():
+        for iname, (ityp, _opts, _section) in input_specs(cls).items():
+            names.add(iname)
+            if isinstance(ityp, (list, tuple)):
+                values.update(str(v) for v in ityp)
+    for node in wf["nodes"]:
+        names.update(i["name"] for i in node.get("inputs", []))
+        if node["type"] != "MarkdownNote":
+            values.update(str(v) for v in node.get("widgets_values", []))
+    words = [w for w in re.findall(r"`([^`]+)`", text) if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", w)]
+    assert words, text
+    unknown = [w for w in words if w not in names and w not in values]
+    assert not unknown, f"{path.name}: the note names {unknown}, which no node of the template or the pack has"
+    sections = re.findall(r"README's \*([^*]+)\*", text)
+    assert sections, text  # the note points to where B's setup is described
+    headings = _readme_headings()
+    missing = [s for s in sections if s not in headings]
+    assert not missing, f"{path.name}: README has no section {missing}; its headings: {sorted(headings)}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -250,6 +251,43 @@ def test_validate_inputs_messages():
     with pytest.raises(RequestError, match="host:port"):
         check_cluster_address("nowhere")
     assert check_cluster_address(" 10.0.0.1:6379 ") == "10.0.0.1:6379" and check_cluster_address("local") == "local"
+
+
+# (width, height) -> the input the message is about (None: about both) and words it must hold
+CANVAS_MESSAGES = [
+    ((832, 0), "height", "height 0 means an automatic canvas, which needs width 0 too"),
+    ((0, 480), "width", "width 0 means an automatic canvas, which needs height 0 too"),
+    ((100, 480), "width", "width 100 is not a multiple of 32; nearest valid: 96 or 128"),
+    ((832, 500), "height", "height 500 is not a multiple of 32; nearest valid: 480 or 512"),
+    ((832, 16), "height", "height 16 is too small"),
+    ((1280, 160), None, "canvas 1280x160 has aspect ratio 8"),
+]
+
+
+@pytest.mark.parametrize("size,about,words", CANVAS_MESSAGES, ids=lambda v: str(v))
+def test_canvas_message_is_one_sentence_about_the_input_it_concerns(size, about, words):
+    """ComfyUI attaches the message to both width and height (the check names both): a message about one of them
+    starts with that input, says it is about that one only and that ComfyUI lists it under the other too; the
+    headless runner, which can target an input, names that input instead."""
+    from comfy_h3_nodes.nodes import H3TextEncode
+
+    width, height = size
+    msg = H3TextEncode.VALIDATE_INPUTS(width=[width], height=[height])
+    assert isinstance(msg, str) and msg.startswith(words), msg
+    assert msg.about == about and msg.sentence.startswith(words)
+    other = {"width": "height", "height": "width"}.get(about)
+    if about:
+        assert msg.count(f"{about} ") >= 1 and not msg.startswith(other), msg
+        assert f"About {about} only: ComfyUI lists a node's own check under every input the check reads, so {other} " \
+               "shows it too." in msg, msg
+    else:
+        assert msg == msg.sentence and "About" not in msg  # about both: shown on both is where it belongs
+    api = _tiny_api()
+    api["3"]["inputs"].update(width=width, height=height)
+    where = rf"node 3 \(H3TextEncode\) input '{about}': " if about else r"node 3 \(H3TextEncode\): "
+    with pytest.raises(runner.WorkflowError, match=where + re.escape(words)) as err:
+        runner.check_prompt(api)
+    assert "ComfyUI lists" not in str(err.value)
 
 
 # ComfyUI shows a VALIDATE_INPUTS message on every input the method names (one error per named input): so each names

@@ -187,7 +187,10 @@ def test_a_rank_killed_mid_denoise_reruns_on_the_ranks_left(request, single, med
     killed = {}
     handle = {"A": lambda: groups.a_rank.handle, "B": lambda: workers[0], "B2 of 3": lambda: workers[1]}[victim]
 
+    events = []
+
     def on_step(ev):
+        events.append(ev)
         if ev.index == 2 and not killed:
             pid = ray.get(handle().health.remote(), timeout=10)["pid"]
             killed["t"] = time.monotonic()
@@ -201,6 +204,15 @@ def test_a_rank_killed_mid_denoise_reruns_on_the_ranks_left(request, single, med
           f"kill; {rerun}")
     who = victim.split()[0][0]
     assert "re-run" in rerun and f"{who}'s rank" in rerun and "same seed" in rerun
+    # as it happens: one restart event naming the rank and the step it was lost at, then the steps from the first
+    (k,) = [i for i, ev in enumerate(events) if ev.restart]
+    at = max(ev.index for ev in events[:k]) + 1
+    left = {"A": "B", "B": "A", "B2 of 3": "A + B (h3_dit_par_b1)"}[victim]
+    lost = {"A": "A", "B": "B", "B2 of 3": "B (h3_dit_par_b2)"}[victim]
+    assert events[k].restart == f"rank {lost} lost at step {at}: re-running on {left}", events[k].restart
+    assert events[k].index == -1 and at >= 3 and events[k].total == 39
+    after = [ev.index for ev in events[k + 1:]]
+    assert after == list(range(39)), after  # the survivors' forwards, counted from the first again
     assert len(recs) == world - 1 or (world - 1 == 1 and len(recs) == 1)
     assert float(np.abs(job.latents().latents.data - one.latents.data).max()) < PARALLEL_TOL
     for w in workers:  # a B worker restarts (max_restarts -1); wait until every one serves again
@@ -239,14 +251,17 @@ def test_a_rank_the_memory_plan_refuses(workers, par_ckpt, a_side, media):
         ex.shutdown()
 
 
-def test_the_readout_names_the_ranks(local_host, pair, par_ckpt, media):
+def test_the_readout_names_the_ranks(request, local_host, pair, par_ckpt, media):
     import asyncio
 
     import comfy_h3_nodes.nodes as N
+    from comfy_h3_nodes.engine import session
 
     encoders = N.H3LoadEncoders().load(str(par_ckpt), "float32", "sdpa")["result"][0]
     dit = N.H3RemoteDiT().connect("local", "h3_dit_par_b1", "comfy_h3", str(par_ckpt), "transformer", "float32",
                                   "sdpa", parallel="A+B", unique_id="2")
+    # this module's workers go at its end: later modules' /h3/status must not find this connection to them
+    request.addfinalizer(lambda: session.forget("h3_dit_par_b1"))
     assert dit["ui"]["h3_timing"][0]["summary"]["parallel"] == "A+B"
     cond = N.H3TextEncode().encode(encoders, "a robot dances", 64, 64, 124)["result"][0]
     out = asyncio.run(N.H3RemoteDenoise().denoise(dit["result"][0], cond, 3, 3, unique_id="5"))
@@ -254,8 +269,26 @@ def test_the_readout_names_the_ranks(local_host, pair, par_ckpt, media):
     ranks = summary["ran"]["ranks"]
     assert [r["machine"] for r in ranks] == ["A", "B"] and all(r["step_s"] > 0 for r in ranks)
     assert "ulysses over 2 ranks" in summary["schedule"]
+    # the readout's figure is the group's wall time, each rank's own time beside it
+    assert summary["compute_s"] == summary["ran"]["wall_s"] and all(r["compute_s"] > 0 for r in ranks)
+    assert summary["compute_s"] >= max(r["compute_s"] for r in ranks)
+    assert set(summary["ran"]["start_s"]) == {"a_rank", "group"}
     stages = out["ui"]["h3_timing"][0]["stages"]
     assert [s["info"].get("rank") for s in stages if s["stage"] == "denoise"] == [0, 1]
+    # /h3/status lists A's DiT rank among the workers with its pid, as it lists B's
+    import os
+
+    import ray
+
+    from comfy_h3_nodes.engine.executor.group import A_RANK_NAME
+    from comfy_h3_nodes.host import routes
+
+    st = routes.with_a_process(session.status())
+    rank = ray.get_actor(A_RANK_NAME, namespace="comfy_h3")
+    (a,) = [w for w in st["workers"] if w["name"] == A_RANK_NAME]
+    assert a["machine"] == "A" and a["pid"] == ray.get(rank.health.remote(), timeout=10)["pid"] != os.getpid(), a
+    assert a["ok"] and "transformer" in (a["partitions"] or []), a
+    assert all(w.get("pid") for w in st["workers"]), st["workers"]
 
 
 def test_auto_chooses_from_the_measured_times(workers, par_ckpt, a_side, media):
@@ -284,3 +317,72 @@ def test_auto_chooses_from_the_measured_times(workers, par_ckpt, a_side, media):
     lone = choose(clock, shape, 50, 2, in_flight=1, a_work_s=20.0)
     queue = choose(clock, shape, 50, 2, in_flight=4, a_work_s=45.0)
     assert lone.join and "joined" in lone.why and not queue.join and "pipelined" in queue.why, (lone, queue)
+
+
+def test_a_group_readout_leads_with_the_wall_time_and_says_what_auto_would_do():
+    """No cluster: the records of a group's run as B and A's rank return them. The node's summary takes the group's
+    wall time (the ranks ran at once: their times do not add up), each rank keeps its own; the start of A's rank
+    and the group's forming are said when they were part of the time, and auto's verdict when it would not group."""
+    from comfy_h3_nodes.engine.contract.timing import StageRecord
+    from comfy_h3_nodes.engine.executor.group import Rank
+    from comfy_h3_nodes.engine.executor.group_readout import group_timing, rank_records
+    from comfy_h3_nodes.engine.executor.parallel_plan import StepClock, choose
+    from comfy_h3_nodes.nodes.common import _summary
+
+    ranks = [Rank("A", "h3_rank_a", None, "127.0.0.2", 11), Rank("B", "h3_dit", None, "127.0.0.3", 12)]
+    den = [StageRecord("r", "denoise", r.machine, r.node_ip, 0.0, c, compute_s=c, steps=(0.9,) * 49,
+                       info={"rank": i, "comm_s": 4.5}) for i, (r, c) in enumerate(zip(ranks, (45.0, 44.0)))]
+    records = [StageRecord("r", "a_to_b", "B", "127.0.0.3", 0.0, 1.0), *den]
+    clock = StepClock()  # the group is measured, one rank too: on this queue one worker finishes sooner
+    clock.add((64, 64, 124), 1, [0.8] * 49)
+    clock.add((64, 64, 124), 2, [0.9] * 49)
+    auto = choose(clock, (64, 64, 124), 50, 2, in_flight=1, a_work_s=2.0)
+    assert not auto.join
+    info = {**rank_records(records, ranks), **group_timing(61.0, 16.0, 0.4, auto, 2)}
+    records[1] = StageRecord("r", "denoise", "A", "127.0.0.2", 0.0, 45.0, compute_s=45.0, steps=den[0].steps,
+                             info={**den[0].info, **info, "parallel": True})
+    summary = _summary(records, "denoise")
+    assert summary["compute_s"] == 61.0  # not 45 + 44
+    assert [(r["machine"], r["compute_s"]) for r in info["ranks"]] == [("A", 45.0), ("B", 44.0)]
+    assert info["start_s"] == {"a_rank": 16.0, "group": 0.4}
+    assert info["auto_view"].startswith("auto would have used one worker (A pipelines its encodes and decodes "
+                                        "beside it), 1 request(s) in flight"), info["auto_view"]
+    assert "denoise 39.20 s on one rank vs 44.10 s on 2" in info["auto_view"], info["auto_view"]
+    clock.add((64, 64, 124), 2, [0.3] * 49)
+    joins = choose(clock, (64, 64, 124), 50, 2, in_flight=1, a_work_s=2.0)
+    assert joins.join and "auto_view" not in group_timing(30.0, 0.0, 0.0, joins, 2)
+    assert "one B worker only" in group_timing(30.0, 0.0, 0.0, joins, 3)["auto_view"]
+    assert "auto_view" not in group_timing(30.0, 0.0, 0.0, None, 2)  # under auto: its own choice is in the note
+    one = [StageRecord("r", "denoise", "B", "b", 0.0, 40.0, compute_s=40.0, steps=(0.8,) * 49)]
+    assert _summary(one, "denoise")["compute_s"] == 40.0  # one worker: its own time, as before
+
+
+def test_a_restart_is_said_on_the_node_and_its_bar_starts_over(monkeypatch):
+    """The node's side of a re-run (no cluster): the step events' sink says the restart's sentence as the node's
+    progress text, sends h3.progress with ``restart`` at step 0 and puts the bar back to 0; a batch counts the
+    request's forwards from 0 again."""
+    from comfy_h3_nodes.engine.contract.timing import StepRecord
+    from comfy_h3_nodes.engine.executor.pipeline import BatchProgress
+    from comfy_h3_nodes.host import LocalHost, set_host
+    from comfy_h3_nodes.nodes.common import step_events
+
+    h = LocalHost()
+    set_host(h)
+    bar = h.progress("5", 39)
+    events = step_events("5", bar)
+    batch = BatchProgress(2, 39)
+    for i in range(6):
+        events(StepRecord(i, 39, 0.5, "r1"))
+        batch.step("r1", i)
+    assert bar.bar.n == 6 and batch.value == 6
+    why = "rank A lost at step 6: re-running on B"
+    events(StepRecord(-1, 39, 0.0, "r1", restart=why))
+    batch.step("r1", -1)
+    assert bar.bar.n == 0 and batch.value == 0 and events.restarts == [why]
+    assert ("h3.text", {"node": "5", "text": why}) in h.events
+    (restart,) = [d for e, d in h.events if e == "h3.progress" and d.get("restart")]
+    assert restart == {"prompt_id": None, "node": "5", "request_id": "r1", "step": 0, "total": 39, "seconds": 0.0,
+                       "restart": why}
+    events(StepRecord(0, 39, 0.5, "r1"))
+    assert bar.bar.n == 1
+    bar.close()

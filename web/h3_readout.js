@@ -8,8 +8,8 @@
 // growing the node over its neighbour. Data contract: docs/events.md (`h3.timing` summaries, `h3.progress`).
 
 import {
-  DEFAULT_WARN_SHARE, fmtBytes, fmtPercent, fmtSeconds, H3_NODES, NODE_VERB, num, progressSteps, ranksLine, recordTitle,
-  shortId, stageLabel, stepStats, TRANSFER_STAGES, transferFigures,
+  DEFAULT_WARN_SHARE, fmtBytes, fmtPercent, fmtSeconds, groupMachines, groupStartText, H3_NODES, NODE_VERB, num,
+  progressSteps, ranksLine, recordTitle, shortId, stageLabel, stepStats, TRANSFER_STAGES, transferFigures,
 } from "./h3_view.js";
 
 /** Height of one readout line and the readout's vertical padding, in CSS pixels (canvas units at zoom 1). */
@@ -226,7 +226,9 @@ export function readoutModel(store, nodeId, { warnShare = DEFAULT_WARN_SHARE, no
 
   // a split decode ran on both machines (its records list B's share first)
   const decodedBy = type === "H3Decode" && decodeShare(timing.stages) ? "A+B" : null;
-  const machine = decodedBy ?? ownMachine;
+  // a DiT group's denoise: its machines, and compute_s is the group's wall time (each rank's is on its own line)
+  const grouped = type === "H3RemoteDenoise" ? groupMachines(summary) : null;
+  const machine = decodedBy ?? grouped ?? ownMachine;
   const rid = timing.request_id;
   const span = rid ? store.requestSpan(rid) : null;
   const total = span && span.total_s > 0 ? span.total_s : null;
@@ -286,6 +288,13 @@ function denoiseLines(model, lines, timing, summary, total, warnShare, titles) {
   if (ranks) {
     lines.push([detail(ranks, "ranks", "h3-ranks")]);
     titles.push(ranks);
+    const start = groupStartText(s);
+    const auto = typeof s.ran?.auto_view === "string" && s.ran.auto_view ? s.ran.auto_view : null;
+    for (const [text, key] of [[start, "group_start"], [auto, "auto_view"]]) {
+      if (!text) continue;
+      lines.push([detail(text, key)]);
+      titles.push(text);
+    }
   }
   const preview = previewText(s.preview);
   if (preview) {
@@ -303,6 +312,8 @@ function liveModel(model, ns, machine, verb) {
     { text: `${machine} ${verb} ${fmtSeconds(st.total_s)}`, cls: "h3-compute", key: "compute" },
     { text: forwardsText(done, total), cls: "h3-steps", key: "steps" },
   ]);
+  // a DiT rank was lost mid-denoise: the request runs again on the ranks left, counted from its first forward
+  if (ns.progress.restart) model.lines.push([detail(ns.progress.restart, "restart", "h3-error")]);
   const more = [];
   if (ps.length) more.push(detail(`last forward ${fmtSeconds(ps[ps.length - 1].seconds)}`, "last"));
   if (total !== null && total > done && st.mean_s !== null) more.push(detail(`~${fmtSeconds(st.mean_s * (total - done))} left`, "eta"));

@@ -50,13 +50,17 @@ export function workerRows(workers) {
       step: w.current && typeof w.current === "object" ? num(w.current.step) : null,
       total: w.current && typeof w.current === "object" ? num(w.current.total) : null,
       clients: [...new Set(queue.map((q) => q.client).filter(Boolean).map(String))],
+      // A's DiT rank (parallel denoise) is listed with the workers: its machine and process say which it is
+      machine: w.machine === "A" ? "A" : "B", pid: num(w.pid), error: typeof w.error === "string" ? w.error : null,
     };
   });
 }
 
 /** One line per worker: `h3_dit_b2 @ 10.0.0.3 · transformer · running ab12cd 3/8 for host:pid · 2 queued (16 steps)`. */
 export function workerText(w) {
-  const bits = [`${w.name}${w.node ? ` @ ${w.node}` : ""}`];
+  const bits = [`${w.name}${w.node ? ` @ ${w.node}` : ""}` +
+    (w.machine === "A" ? ` (A's DiT rank${w.pid !== null && w.pid !== undefined ? `, pid ${w.pid}` : ""})` : "")];
+  if (w.error) return [...bits, w.error].join(" · ");
   if (w.partitions.length) bits.push(w.partitions.join(" + "));
   bits.push(w.current ? `running ${shortId(w.current)}${w.total ? ` ${w.step ?? 0}/${w.total}` : ""}` +
     `${w.client ? ` for ${w.client}` : ""}` : "idle");

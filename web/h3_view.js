@@ -216,9 +216,32 @@ export function ranksLine(summary) {
   if (!ranks || ranks.length < 2) return null;
   const shares = ranks.map((r) => num(r.comm_share)).filter((x) => x !== null);
   const comm = shares.length ? shares.reduce((a, b) => a + b, 0) / shares.length : null;
-  const parts = ranks.map((r) => `${r.machine === "A" || r.machine === "B" ? r.machine : "?"} ${fmtSeconds(r.step_s)}/forward`);
+  // each rank's own time (they ran at once: the denoise's wall time leads the readout, not their sum)
+  const parts = ranks.map((r) => {
+    const m = r.machine === "A" || r.machine === "B" ? r.machine : "?";
+    const per = `${fmtSeconds(r.step_s)}/forward`;
+    return num(r.compute_s) !== null ? `${m} ${fmtSeconds(r.compute_s)} (${per})` : `${m} ${per}`;
+  });
   return `${ranks.length} ranks (${summary.ran.method ?? "ulysses"}): ${parts.join(", ")}` +
     (comm !== null ? ` · comm ${fmtPercent(comm)}` : "");
+}
+
+/** The machines of a DiT group's denoise (`A+B`), or null for one worker. */
+export function groupMachines(summary) {
+  const ranks = Array.isArray(summary?.ran?.ranks) ? summary.ran.ranks : null;
+  if (!ranks || ranks.length < 2) return null;
+  return [...new Set(ranks.map((r) => (r.machine === "A" || r.machine === "B" ? r.machine : "?")))].join("+");
+}
+
+/** What of a DiT group's wall time was its start (A's rank starting and loading, the group forming), or null. */
+export function groupStartText(summary) {
+  const st = summary?.ran?.start_s;
+  const a = num(st?.a_rank) ?? 0;
+  const g = num(st?.group) ?? 0;
+  const parts = [];
+  if (a > 0) parts.push(`A's DiT rank starting ${fmtSeconds(a)}`);
+  if (g > 0) parts.push(`the group forming ${fmtSeconds(g)}`);
+  return parts.length ? `includes the group's start: ${parts.join(", ")}` : null;
 }
 
 function shiftClock(t, offset) {
@@ -618,13 +641,17 @@ export class H3Store {
     const total = num(p.total);
     const seconds = num(p.seconds) ?? 0;
     const rid = p.request_id === null || p.request_id === undefined || p.request_id === "" ? null : String(p.request_id);
+    // a DiT rank was lost: the request runs again from its first step; the count starts over and the reason stays
+    const restart = typeof p.restart === "string" && p.restart ? p.restart : null;
     if (p.node !== null && p.node !== undefined) {
       const ns = this.node(p.node, this._nodesFor(p.prompt_id));
       if (!ns.node_type) ns.node_type = "H3RemoteDenoise";
-      if (!ns.progress || ns.progress.request_id !== rid) {
-        ns.progress = { request_id: rid, total: null, steps: new Map(), final: false };
+      if (!ns.progress || ns.progress.request_id !== rid || restart) {
+        const kept = ns.progress && ns.progress.request_id === rid ? ns.progress : null;
+        ns.progress = { request_id: rid, total: null, steps: new Map(), final: false,
+                        restart: restart ?? kept?.restart ?? null, batch: kept?.batch };
       }
-      ns.progress.steps.set(step, seconds);
+      if (!restart) ns.progress.steps.set(step, seconds);
       if (total !== null) ns.progress.total = total;
       const preview = previewOf(p.preview);
       if (preview) ns.progress.preview = preview;
@@ -637,8 +664,8 @@ export class H3Store {
     }
     const req = this.request(rid);
     if (req) {
-      if (!req.progress) req.progress = { total: null, steps: new Map() };
-      req.progress.steps.set(step, seconds);
+      if (!req.progress || restart) req.progress = { total: null, steps: new Map(), restart };
+      if (!restart) req.progress.steps.set(step, seconds);
       if (total !== null) req.progress.total = total;
       if (p.prompt_id) {
         req.prompt_id = p.prompt_id;

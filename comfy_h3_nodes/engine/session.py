@@ -181,8 +181,8 @@ def _drop(key) -> None:
 
 def status(timeout: float = 5.0) -> dict:
     """What ``GET /h3/status`` answers: cluster, nodes, actors, health, and ``workers``: every DiT worker of the
-    pools this process uses (node, partitions, queue, current request and the client it serves); never raises, never
-    hangs."""
+    pools this process uses (node, pid, partitions, queue, current request and the client it serves), A's DiT rank
+    among them once ``parallel`` started it (``machine`` A); never raises, never hangs."""
     out = {"connected": False, "cluster": {"mode": CLUSTER.mode or None, "address": CLUSTER.address or None},
            "nodes": [], "actors": [], "workers": [], "error": None, "time": time.time(),
            "models": {"A": catalog.choices(A_MODEL_ROOTS), "B": b_model_choices()}}
@@ -207,7 +207,11 @@ def status(timeout: float = 5.0) -> dict:
         try:
             entry["health"] = ex.check_health(timeout=min(ex.timeouts.health, timeout))
             entry["workers"] = entry["health"].get("workers", [])
-            for w in entry["workers"]:  # every worker of every pool this process uses, once
+            groups = getattr(ex.bclient, "groups", None)
+            a_rank = groups.a_rank_status(min(ex.timeouts.health, timeout)) if groups is not None else None
+            if a_rank is not None:  # parallel denoise: A's DiT rank (its own process on A) is a worker too
+                entry["a_rank"] = a_rank
+            for w in [*entry["workers"], *([a_rank] if a_rank else [])]:  # every worker this process uses, once
                 if all(x["name"] != w["name"] for x in out["workers"]):
                     out["workers"].append(w)
         except Exception as exc:  # noqa: BLE001 - reported to the UI

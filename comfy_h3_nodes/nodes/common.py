@@ -54,6 +54,26 @@ def plain_errors(cls):
     return cls
 
 
+class InputMessage(str):
+    """A ``VALIDATE_INPUTS`` message about one input. ComfyUI attaches a node's message to every input the method
+    names (one error each, the same text), so a message about one of several named inputs says which it is about and
+    that ComfyUI lists it under the others too; ``about`` and ``sentence`` (the message without that note) are for
+    callers that can target the input themselves, such as the headless runner."""
+
+    about: str | None
+    sentence: str
+
+    def __new__(cls, sentence: str, about: str | None, named: tuple[str, ...]):
+        others = [n for n in named if n != about]
+        text = sentence
+        if about in named and others:
+            text = (f"{sentence} (About {about} only: ComfyUI lists a node's own check under every input the check "
+                    f"reads, so {' and '.join(others)} shows it too.)")
+        obj = super().__new__(cls, text)
+        obj.about, obj.sentence = about, sentence
+        return obj
+
+
 # ------------------------------------------------------------------------------------------------ lists
 def items(value) -> list:
     return value if isinstance(value, list) else [value]
@@ -142,7 +162,9 @@ def _summary(records: list[StageRecord], compute_stage: str) -> dict:
     by = {}
     for r in records:  # the first of each stage: a DiT group's own denoise record is rank 0's
         by.setdefault(r.stage, r)
-    out = {"compute_s": sum(r.compute_s for r in records if r.stage == compute_stage),
+    # a DiT group's ranks run at once: its denoise took the group's wall time, not the sum of the ranks' times
+    wall = ((by[compute_stage].info or {}).get("wall_s") if compute_stage in by else None)
+    out = {"compute_s": wall if wall is not None else sum(r.compute_s for r in records if r.stage == compute_stage),
            "machine": by[compute_stage].machine if compute_stage in by else "A", "a_to_b": None, "b_to_a": None}
     for stage in ("a_to_b", "b_to_a"):
         r = by.get(stage)
@@ -208,9 +230,13 @@ class StepEvents:
         self.unique_id, self.bar, self.batch, self.on_cancel = unique_id, bar, batch, on_cancel
         self.prompt_id = host().prompt_id()
         self.last_preview = None
+        self.restarts: list[str] = []  # why the request started over (a DiT rank lost), in order
 
     def __call__(self, ev) -> None:  # runs on the executor's thread
         h = host()
+        if getattr(ev, "restart", ""):  # a rank was lost: the request starts over, said on the node as it happens
+            self.restart(ev)
+            return
         if ev.preview is not None and ev.preview.latent is not None:  # B's latent frame: decoded here, on A
             ev = dataclasses.replace(ev, preview=decoded_preview(ev.preview))
         if ev.preview is not None:
@@ -229,6 +255,29 @@ class StepEvents:
         if ev.preview is not None:
             event["preview"] = {"step": ev.preview.step + 1, "width": ev.preview.width,
                                 "height": ev.preview.height, "bytes": len(ev.preview.jpeg)}
+        try:
+            h.send_event("h3.progress", event)
+        except Exception as exc:  # noqa: BLE001 - a UI that went away must not stop the denoise
+            log.warning("could not send h3.progress: %s", exc)
+
+    def restart(self, ev) -> None:
+        """The request runs again from its first step (``ev.restart`` says why): the node's text, its bar back to
+        0 and ``h3.progress`` with ``restart`` (the panel starts the count over)."""
+        h = host()
+        self.restarts.append(ev.restart)
+        log.warning("request %s: %s", ev.request_id, ev.restart)
+        h.progress_text(ev.restart, None if self.unique_id is None else str(self.unique_id))
+        if self.bar is not None:
+            try:
+                self.bar.update(0, ev.total)
+            except Exception as exc:  # noqa: BLE001 - ComfyUI's progress hook raises once the user interrupted
+                log.info("progress update raised %s: cancelling request %s on B", type(exc).__name__, ev.request_id)
+                if self.on_cancel is not None:
+                    self.on_cancel()
+        event = {"prompt_id": self.prompt_id, "node": str(self.unique_id), "request_id": ev.request_id, "step": 0,
+                 "total": ev.total, "seconds": 0.0, "restart": ev.restart}
+        if self.batch is not None:
+            event["batch"] = list(self.batch(ev.request_id))
         try:
             h.send_event("h3.progress", event)
         except Exception as exc:  # noqa: BLE001 - a UI that went away must not stop the denoise

@@ -8,6 +8,7 @@ a batch of one whose denoise node waits for its job, showing B's steps on its ow
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 from ..engine.contract import request as rq
@@ -16,19 +17,24 @@ from ..engine.contract.errors import H3Cancelled, H3Error
 from ..engine.contract.timing import StageRecord
 from ..engine.contract.wire import VIDEO_LATENT_CHANNELS
 from ..host import host
-from .common import (CATEGORY, LATE, at, b_host, batch_size, items, named_by_host, one, preview_spec, report, short,
-                     step_events)
+from .common import (CATEGORY, LATE, InputMessage, at, b_host, batch_size, items, named_by_host, one, preview_spec,
+                     report, short, step_events)
 from .save import save_partial
 from .values import dit_parts
 
 
-def _canvas_error(width, height) -> str | None:
+def _canvas_error(width: int, height: int) -> tuple[str | None, str] | None:
+    """``(the input it is about or None, the sentence)`` for a canvas ComfyUI's widgets allow but H3 does not."""
     if width == 0 and height == 0:
         return None
+    for zero, other in (("width", "height"), ("height", "width")):
+        if {"width": width, "height": height}[zero] == 0:
+            return zero, (f"{zero} 0 means an automatic canvas, which needs {other} 0 too: set {zero} to a multiple "
+                          f"of {rq.CANVAS_MULTIPLE}, or {other} to 0 as well.")
     try:
         rq.check_canvas(height, width)
     except rq.RequestError as exc:
-        return str(exc)
+        return exc.about, str(exc)
     return None
 
 
@@ -57,15 +63,16 @@ class H3TextEncode:
         }, "optional": {"keyframes": ("H3_KEYFRAMES",), "references": ("H3_REFERENCES",)},
             "hidden": {"unique_id": "UNIQUE_ID"}}
 
-    # The canvas check needs both sides, so it names both; num_frames is ComfyUI's range check, and the prompt is
-    # checked when the node runs (before anything is encoded), so no message lands on an input it is not about.
+    # The canvas check needs both sides, so it names both, and ComfyUI shows its message under both: a message about
+    # one side says so (InputMessage). num_frames is ComfyUI's range check, and the prompt is checked when the node
+    # runs (before anything is encoded), so no message lands on an input it is not about.
     @classmethod
     def VALIDATE_INPUTS(cls, width=None, height=None):
         width, height = one(width), one(height)  # lists (INPUT_IS_LIST); a linked input arrives as None
         if isinstance(width, int) and isinstance(height, int):
-            if (width == 0) != (height == 0):
-                return f"width {width} and height {height}: set both to 0 (automatic) or both to a size."
-            return _canvas_error(width, height) or True
+            problem = _canvas_error(width, height)
+            if problem:
+                return InputMessage(problem[1], problem[0], ("width", "height"))
         return True
 
     def encode(self, encoders, prompt, width, height, num_frames, keyframes=None, references=None, unique_id=None):
@@ -216,7 +223,11 @@ def schedule_extra(records: list[StageRecord], steps: int) -> dict:
     """What a denoise readout shows: forwards, the schedule B ran and where (partition, dtype, attention)."""
     den = next(r for r in records if r.stage == "denoise")
     ran = den.info
-    where = f" on {ran['partition']} ({ran['dtype']}, {ran['attention_backend']})" if ran else ""
+    where = ""
+    if ran:  # the file B loaded the partition from, and what it really ran as (a quantised file's layers as stored)
+        weights = (ran.get("weights") or {}).get(ran["partition"]) or {}
+        source = f" from {os.path.basename(weights['file'])}" if weights.get("file") else ""
+        where = f" on {ran['partition']}{source} ({weights.get('runs') or ran['dtype']}, {ran['attention_backend']})"
     return {"steps_total": len(den.steps), "schedule": f"{steps} sigma points{where}: {den.note}", "ran": ran}
 
 

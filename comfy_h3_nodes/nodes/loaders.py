@@ -123,7 +123,8 @@ class H3RemoteDiT:
                 f"a typed path on B works too. '{TINY}' is a tiny random model B builds on first use.")}),
             "partition": (list(PARTITIONS), {"default": "transformer", "tooltip": (
                 "the partition B loads first; B switches to what each workflow needs (ref2va: transformer_ref), or "
-                "holds both when its memory plan allows. A transformer file as model_path is this partition.")}),
+                "holds both when its memory plan allows. A transformer file as model_path is this partition (one named "
+                "for the other, such as minimax_h3_ref2va_* for transformer, is refused).")}),
             "dtype": (list(DTYPES), {"default": "bfloat16"}),
             "attention_backend": (list(UI_CHOICES), {"default": "sdpa"}),
             "precision": (list(PRECISIONS), {"default": "auto", "tooltip": (
@@ -198,10 +199,17 @@ def connection_readout(ex) -> tuple[str, dict]:
 
 
 def b_config_text(b: dict) -> str:
-    """What B serves: model, partition(s) resident, dtype and attention backend."""
-    model = catalog.tiny_name(b["model"]) if catalog.is_tiny(b.get("model", "")) else b.get("model_dir", "?")
+    """What B serves: the model (the file picked, when a partition comes from one), the partition(s) resident, what
+    they run as (a quantised file's layers as stored, fp8 storage, the dtype) and the attention backend."""
     held = (b.get("memory_plan") or {}).get("resident_partitions") or [b["partition"]]
-    return (f"{model}, {' + '.join(held)}, {b['dtype']}, precision {b.get('precision') or 'auto'}, "
+    weights = b.get("weights") or {}
+    files = list(dict.fromkeys(os.path.basename(w["file"]) for p in held if (w := weights.get(p)) and w.get("file")))
+    if catalog.is_tiny(b.get("model", "")):
+        model = catalog.tiny_name(b["model"])
+    else:  # a transformer file as model_path: B's model_dir is the configs the pack ships, not what was picked
+        model = " + ".join(files) if files else b.get("model_dir", "?")
+    runs = list(dict.fromkeys(weights[p]["runs"] for p in held if p in weights)) or [b["dtype"]]
+    return (f"{model}, {' + '.join(held)}, precision {b.get('precision') or 'auto'}: {' / '.join(runs)}, "
             f"attention {b.get('attention_choice') or b['attention_backend']}")
 
 

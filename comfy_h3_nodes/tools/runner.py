@@ -179,6 +179,9 @@ def check_prompt(api: dict, mappings=None) -> list[str]:
                 kwargs = {k: [v] for k, v in kwargs.items()}
             verdict = cls.VALIDATE_INPUTS(**kwargs)
             if verdict is not True:
+                about = getattr(verdict, "about", None)  # a message about one input: name it, as ComfyUI cannot
+                if about:
+                    raise WorkflowError(f"{where} input {about!r}: {verdict.sentence}")
                 raise WorkflowError(f"{where}: {verdict}")
     return _topological_order(api)
 

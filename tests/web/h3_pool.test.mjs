@@ -26,3 +26,13 @@ test("pool workers: node, partitions, current request and its client, queue in s
   assert.deepEqual(workerRows(undefined), []);
   assert.deepEqual(workerRows([null, 3]), []);
 });
+
+test("A's DiT rank (parallel denoise) is listed with the workers, with its machine and pid", () => {
+  const rank = { name: "h3_rank_a", machine: "A", role: "DiT rank (parallel denoise)", node: "10.0.0.1", pid: 4321,
+                 partitions: ["transformer"], queued_steps: 0, current: null, queue: [] };
+  const [b, a] = workerRows([WORKERS[1], rank]);
+  assert.equal(workerText(a), "h3_rank_a @ 10.0.0.1 (A's DiT rank, pid 4321) · transformer · idle");
+  assert.equal(workerText(b), "h3_dit_b2 @ 10.0.0.3 · transformer_ref · idle");
+  const [gone] = workerRows([{ ...rank, ok: false, error: "A's DiT rank did not answer: ActorDiedError" }]);
+  assert.equal(workerText(gone), "h3_rank_a @ 10.0.0.1 (A's DiT rank, pid 4321) · A's DiT rank did not answer: ActorDiedError");
+});

@@ -72,15 +72,17 @@ test("a running denoise: forward k of n with sigma points, the newest preview, i
 
 test("H3RemoteDiT: B's status line, each part on its own line, and the memory plan", () => {
   const store = new H3Store();
-  const status = "A 10.0.0.2 · B 10.0.0.3 (cuda:0; /models/MiniMax-H3, transformer, bfloat16, precision fp8, " +
-    "attention sdpa) · pool of 2: h3_dit 10.0.0.3, h3_dit_b2 10.0.0.4";
+  const status = "A 10.0.0.2 · B 10.0.0.3 (cuda:0; /models/MiniMax-H3, transformer, precision fp8: fp8 storage, " +
+    "bfloat16 compute, attention sdpa) · pool of 2: h3_dit 10.0.0.3, h3_dit_b2 10.0.0.4";
   const plan = "B plan (fp8): transformer 12.1 GiB + working 3.2 GiB = 15.3 GiB <= 110.0 GiB free on B";
   store.ingestTiming(timing("H3RemoteDiT", "2", [rec("connect", "B", 1, 1.2, { note: status })],
                             { machine: "B", status, memory_plan: plan }));
   const m = readoutModel(store, "2");
   assert.equal(m.lines[0][0].text, "B connect 250 ms");
   assert.deepEqual(m.lines.slice(1).map((l) => l.map((p) => p.text).join(" · ")),
-                   ["A 10.0.0.2", "B 10.0.0.3 (cuda:0; /models/MiniMax-H3, transformer, bfloat16, precision fp8, attention sdpa)",
+                   ["A 10.0.0.2",
+                    "B 10.0.0.3 (cuda:0; /models/MiniMax-H3, transformer, precision fp8: fp8 storage, bfloat16 compute, " +
+                    "attention sdpa)",
                     "pool of 2: h3_dit 10.0.0.3, h3_dit_b2 10.0.0.4", plan]);
 });
 
@@ -135,4 +137,51 @@ test("an error's sentence is on the node that failed, whole", () => {
   store.executionEnd("execution_error", { node_id: "11", exception_message: "lora_path x.safetensors is not on B; choose tiny-random." });
   const m = readoutModel(store, "11", { nodeType: "H3LoRA" });
   assert.equal(readoutText(m), "B lora failed\nlora_path x.safetensors is not on B; choose tiny-random.");
+});
+
+test("a DiT group's denoise leads with its wall time, then each rank's, its start and what auto would have done", () => {
+  // what the server sends for parallel = A+B: compute_s is the group's wall time (each rank ran at the same time:
+  // 45.2 s + 44.8 s is no time anyone waited), the ranks' own times, the start of A's rank it waited for
+  const store = new H3Store();
+  const den = (rank, compute) => ({ request_id: "g1", stage: "denoise", machine: rank ? "B" : "A", node: "n",
+                                    start: 10, end: 10 + compute, compute_s: compute, steps: [0.92, 0.92],
+                                    info: { rank } });
+  const ran = { method: "ulysses", partition: "transformer", dtype: "bfloat16", attention_backend: "sdpa",
+                wall_s: 61.3, start_s: { a_rank: 16.2, group: 0.4 },
+                auto_view: "auto would have used one worker (A pipelines its encodes and decodes beside it), 1 " +
+                           "request(s) in flight, A 2.00 s each, denoise 40.0 s on one rank vs 44.0 s on 2: joined " +
+                           "46.0 s vs pipelined 42.0 s",
+                ranks: [{ rank: 0, machine: "A", step_s: 0.92, compute_s: 45.2, comm_share: 0.1 },
+                        { rank: 1, machine: "B", step_s: 0.91, compute_s: 44.8, comm_share: 0.08 }] };
+  store.ingestTiming({ ...timing("H3RemoteDenoise", "5", [den(0, 45.2), den(1, 44.8)], {
+    compute_s: 61.3, machine: "A", steps_done: 2, steps_total: 2, ran,
+    schedule: "3 sigma points on transformer (bfloat16, sdpa): ulysses over 2 ranks" }, "g1") });
+  const text = readoutText(readoutModel(store, "5"));
+  assert.match(text, /^A\+B denoise 1 m 01 s · 920 ms per forward/);
+  assert.match(text, /2 ranks \(ulysses\): A 45\.2 s \(920 ms\/forward\), B 44\.8 s \(910 ms\/forward\) · comm 9\.0 %/);
+  assert.match(text, /includes the group's start: A's DiT rank starting 16\.2 s, the group forming 400 ms/);
+  assert.match(text, /auto would have used one worker \(A pipelines its encodes and decodes beside it\)/);
+  assert.doesNotMatch(text, /1 m 30 s|A denoise/);
+  // a group kept from an earlier request, auto agreeing: neither line
+  store.ingestTiming({ ...timing("H3RemoteDenoise", "6", [den(0, 45.2), den(1, 44.8)], {
+    compute_s: 46, machine: "A", ran: { ...ran, start_s: { a_rank: 0, group: 0 }, auto_view: undefined } }, "g2") });
+  const kept = readoutText(readoutModel(store, "6"));
+  assert.match(kept, /^A\+B denoise 46\.0 s/);
+  assert.doesNotMatch(kept, /group's start|auto would/);
+});
+
+test("a rank lost mid-denoise: the node says so and counts the re-run from its first forward", () => {
+  const store = new H3Store();
+  for (const step of [1, 2, 3, 4, 5, 6]) {
+    store.ingestProgress({ prompt_id: "p", node: "5", request_id: "r", step, total: 49, seconds: 1 });
+  }
+  store.ingestProgress({ prompt_id: "p", node: "5", request_id: "r", step: 0, total: 49, seconds: 0,
+                         restart: "rank A lost at step 6: re-running on B" });
+  let text = readoutText(readoutModel(store, "5"));
+  assert.match(text, /rank A lost at step 6: re-running on B/);
+  assert.match(text, /forward 0 of 49/);
+  store.ingestProgress({ prompt_id: "p", node: "5", request_id: "r", step: 1, total: 49, seconds: 2 });
+  text = readoutText(readoutModel(store, "5"));
+  assert.match(text, /^B denoise 2\.0 s · forward 1 of 49 \(50 sigma points\)/);  // not 7 of 49
+  assert.match(text, /rank A lost at step 6: re-running on B/);
 });

@@ -31,7 +31,12 @@ MAX_SEED = 2**64 - 1
 
 
 class RequestError(ValueError):
-    """A request a user can fix; the message says what is wrong and what would be valid."""
+    """A request a user can fix; the message says what is wrong and what would be valid. ``about`` names the one
+    input the message is about, where there is one (``None``: it is about several together)."""
+
+    def __init__(self, message: str, about: str | None = None):
+        super().__init__(message)
+        self.about = about
 
 
 @dataclass
@@ -116,6 +121,8 @@ def _nearest_multiples(v: int, m: int = CANVAS_MULTIPLE) -> str:
 
 
 def check_canvas(height: Any, width: Any) -> tuple[int | None, int | None]:
+    """``(height, width)`` checked; a RequestError's ``about`` names the side that is wrong (``None`` for what is
+    about both: the aspect ratio, the pixel count, one side given without the other)."""
     if height is None and width is None:
         return None, None
     if (height is None) != (width is None):
@@ -124,12 +131,15 @@ def check_canvas(height: Any, width: Any) -> tuple[int | None, int | None]:
         )
     for name, v in (("height", height), ("width", width)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise RequestError(f"{name} is {v!r}; it must be a whole number of pixels, a multiple of {CANVAS_MULTIPLE}.")
+            raise RequestError(
+                f"{name} is {v!r}; it must be a whole number of pixels, a multiple of {CANVAS_MULTIPLE}.", about=name
+            )
         if v < CANVAS_MULTIPLE:
-            raise RequestError(f"{name} {v} is too small; the smallest canvas edge is {CANVAS_MULTIPLE}.")
+            raise RequestError(f"{name} {v} is too small; the smallest canvas edge is {CANVAS_MULTIPLE}.", about=name)
         if v % CANVAS_MULTIPLE:
             raise RequestError(
-                f"{name} {v} is not a multiple of {CANVAS_MULTIPLE}; nearest valid: {_nearest_multiples(int(v))}."
+                f"{name} {v} is not a multiple of {CANVAS_MULTIPLE}; nearest valid: {_nearest_multiples(int(v))}.",
+                about=name,
             )
     ratio = width / height
     if not MIN_ASPECT <= ratio <= MAX_ASPECT:

@@ -27,13 +27,16 @@ CSV_FIELDS = ("request_id", "stage", "machine", "node", "start", "end", "produce
 class StepRecord:
     """One denoise step as B timed it: ``index`` of ``total`` model evaluations, its seconds. ``request_id`` is set
     where the step events reach A (B's own records of a request need none). ``preview``: B's
-    :class:`~.wire.Preview` of its estimate after this step, when one was made (it is not part of the timing)."""
+    :class:`~.wire.Preview` of its estimate after this step, when one was made (it is not part of the timing).
+    ``restart``: not a step but the request starting over (``index`` -1, so a bar at ``index + 1`` shows 0), the
+    sentence saying why (``rank A lost at step 6: re-running on B``)."""
 
     index: int
     total: int
     seconds: float
     request_id: str = ""
     preview: object = field(default=None, compare=False, repr=False)
+    restart: str = ""
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,11 @@ import ray
 
 from ..contract import wire
 from ..contract.errors import H3Cancelled, H3Error
-from ..contract.timing import StageRecord
+from ..contract.timing import StageRecord, StepRecord
 from ..model.parallel import ParallelError, method_for
 from .failures import WORKER_LOST, creation_cause, first_line
 from .handoff import unwrap_ray_error
+from .group_readout import group_timing, rank_records, restart_text, status_row
 from .parallel_plan import StepClock
 from .parallel_plan import choose as plan_parallel
 
@@ -104,8 +105,9 @@ class Groups:
         self.layers = 1
 
     # ------------------------------------------------------------------------------------------------ A's rank
-    async def a(self) -> Rank:
-        """A's DiT rank, started (and its model loaded) on first use; a plan that does not fit is one sentence."""
+    async def a(self, timed: dict | None = None) -> Rank:
+        """A's DiT rank, started (and its model loaded) on first use; a plan that does not fit is one sentence.
+        ``timed["a_start_s"]`` gets the seconds a start took (the request that waited for it says so)."""
         if self.a_rank is not None:
             try:
                 await _call(self.a_rank.handle.ping.remote(), self.timeouts.health)
@@ -114,6 +116,7 @@ class Groups:
                 self.a_rank = None
         if self.a_refused:
             raise ParallelError(self.a_refused)
+        t0 = time.monotonic()
         handle = self.start_a_rank()
         try:
             health = await _call(handle.health.remote(), self.timeouts.start)
@@ -131,6 +134,8 @@ class Groups:
         if self.reconcile is not None and await asyncio.to_thread(self.reconcile, health, handle):
             health = await _call(handle.health.remote(), self.timeouts.health)
         self.a_rank = Rank("A", A_RANK_NAME, handle, health["node_ip"], health["pid"])
+        if timed is not None:
+            timed["a_start_s"] = timed.get("a_start_s", 0.0) + time.monotonic() - t0
         return self.a_rank
 
     # ------------------------------------------------------------------------------------------------ forming
@@ -246,6 +251,21 @@ class Groups:
     def describe(self) -> dict | None:
         return self.current.describe() if self.current else None
 
+    def a_rank_status(self, bound: float) -> dict | None:
+        """A's DiT rank as ``/h3/status`` lists a DiT worker (node, pid, partitions, queue; ``machine`` A), asked
+        within ``bound``; None when this caller has not started one. A rank that does not answer is listed with the
+        pid it had and the reason."""
+        r = self.a_rank
+        if r is None:
+            return None
+        entry = {"name": r.name, "machine": "A", "role": "DiT rank (parallel denoise)", "node": r.node_ip,
+                 "pid": r.pid, "group": self.current.group_id if self.current else None}
+        try:
+            s = ray.get(r.handle.pool_status.remote(), timeout=bound)
+        except Exception as exc:  # noqa: BLE001 - listed as not answering, with why
+            return {**entry, "ok": False, "error": f"A's DiT rank did not answer: {first_line(exc)}"}
+        return status_row(entry, s)
+
     # ------------------------------------------------------------------------------------------------ a request
     async def run(self, b, mode: str, payload_ref, call: wire.DenoiseCall, workflow: str, put, on_step,
                   shape: tuple | None = None):
@@ -253,15 +273,19 @@ class Groups:
         its ranks chosen, the group formed, the request run; a rank lost mid-request makes it run once more on the
         ranks left (the note says so). ``auto`` uses one worker when A cannot hold a rank or this caller's queue
         is better served by pipelining (:meth:`choose`). Returns ``Denoised``, or None for the one-worker path."""
-        ranks, why = await self.choose(b, mode, workflow, call, shape)
+        # what auto would have done with this request (before it is measured): said when it would not group
+        auto = None if mode == "auto" else plan_parallel(self.clock, shape, call.num_inference_steps, 2, b.pending,
+                                                         self.a_work_s())
+        timed = {"t0": time.monotonic(), "auto": auto, "a_start_s": 0.0}
+        ranks, why = await self.choose(b, mode, workflow, call, shape, timed)
         if ranks is None:
             return None, why
         t0 = time.monotonic()
         try:
-            return await self._on(b, ranks, payload_ref, call, workflow, put, on_step, why, shape), why
+            return await self._on(b, ranks, payload_ref, call, workflow, put, on_step, why, shape, timed), why
         except RankLost as lost:
             left = [r for r in ranks if r.name != lost.rank.name]
-            spent = time.monotonic() - t0
+            spent, at = time.monotonic() - t0, timed.get("steps_seen", 0)
             rerun = (f"re-run on {' + '.join(f'{r.machine} {r.node_ip}' for r in left)} with the same seed after "
                      f"{lost.rank.machine}'s rank {lost.rank.name} ({lost.rank.node_ip}) was lost {spent:.1f} s into "
                      f"the request ({type(lost.exc).__name__})")
@@ -275,13 +299,25 @@ class Groups:
                 raise H3Error(f"machine {lost.rank.machine} ({lost.rank.node_ip}) was lost during the parallel "
                               f"denoise of request {call.request_id} and no other rank answers: run it again once "
                               "the machine is back.") from None
+            if on_step is not None:  # the node says so as it happens, and its bar starts over
+                on_step(StepRecord(-1, timed.get("total") or max(call.num_inference_steps - 1, 1), 0.0,
+                                   call.request_id, restart=restart_text(lost.rank, at, left, ranks)))
             if len(left) == 1:
                 return await b.denoise_on_rank(left[0], payload_ref, call, workflow, put, on_step, rerun), rerun
-            return await self._on(b, left, payload_ref, call, workflow, put, on_step, rerun, shape), rerun
+            return await self._on(b, left, payload_ref, call, workflow, put, on_step, rerun, shape, timed), rerun
 
-    async def _on(self, b, ranks, payload_ref, call, workflow, put, on_step, note, shape=None):
+    async def _on(self, b, ranks, payload_ref, call, workflow, put, on_step, note, shape=None, timed=None):
+        before = self.current
         group = await self.form(ranks)
+        if timed is not None and group is not before:  # formed for this request: part of its time
+            timed["formed_s"] = timed.get("formed_s", 0.0) + group.formed_s
         seen = [0]
+        if timed is not None and on_step is not None:  # the steps rank 0 reported: where a lost rank stopped it
+            timed["steps_seen"], told = 0, on_step
+
+            def on_step(ev):
+                timed["steps_seen"], timed["total"] = max(timed["steps_seen"], ev.index + 1), ev.total
+                told(ev)
 
         async def follow(handle, recs_ref, fut):
             seen[0] = await b.follow(handle, call.request_id, fut, recs_ref, on_step)
@@ -291,6 +327,9 @@ class Groups:
         den = records[1]
         self.clock.add(shape, len(group.ranks), list(den.steps))
         readout = rank_records(records, group.ranks)
+        if timed is not None:
+            readout.update(group_timing(time.monotonic() - timed["t0"], timed.get("a_start_s", 0.0),
+                                        timed.get("formed_s", 0.0), timed["auto"], len(group.ranks)))
         records[1] = dataclasses.replace(den, note="; ".join(x for x in (den.note, f"{group.method} over "
                                          f"{len(group.ranks)} ranks", note) if x),
                                          info={**(den.info or {}), **readout, "parallel": True,
@@ -308,7 +347,7 @@ class Groups:
             return False
 
     async def choose(self, b, mode: str, workflow: str, call: wire.DenoiseCall,
-                     shape: tuple | None = None) -> tuple[list[Rank] | None, str]:
+                     shape: tuple | None = None, timed: dict | None = None) -> tuple[list[Rank] | None, str]:
         """The ranks of a request: A's rank first, then the B worker the pool picks (``A+B``) or every live worker
         (``all``); ``auto`` joins A to B when A can hold a rank, B's worker has nothing else queued and the measured
         times say it finishes this caller's queue sooner (:mod:`.parallel_plan`), else one worker. Returns
@@ -318,14 +357,14 @@ class Groups:
             if not choice.join:
                 return None, choice.why
             try:
-                a = await self.a()
+                a = await self.a(timed)
             except ParallelError as exc:
                 return None, f"parallel auto: one worker ({exc})"
             worker = await b.pick_for_group(workflow, call)
             if worker.queued_steps() > call.num_inference_steps:
                 return None, f"parallel auto: B worker {worker.name} has other requests queued: one worker"
             return [a, _rank_of(worker)], choice.why
-        a = await self.a()
+        a = await self.a(timed)
         if mode == "A+B":
             return [a, _rank_of(await b.pick_for_group(workflow, call))], f"parallel {mode}"
         workers = await b.all_workers(workflow)
@@ -344,16 +383,3 @@ def _collective_failure(exc: BaseException) -> bool:
 
 async def _call(ref, timeout: float):
     return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout)
-
-
-def rank_records(records: list[StageRecord], ranks: list[Rank]) -> dict:
-    """The readout of a group's run: ranks, their machines, each one's step time and communication share."""
-    out = []
-    for i, rec in enumerate(records[1:]):
-        steps = sorted(rec.steps)
-        step = steps[len(steps) // 2] if steps else None
-        comm = float((rec.info or {}).get("comm_s") or 0.0)
-        out.append({"rank": i, "machine": ranks[i].machine, "node": ranks[i].node_ip, "step_s": step,
-                    "comm_s": round(comm, 4), "comm_share": round(comm / rec.compute_s, 3) if rec.compute_s else None})
-    return {"ranks": out}
-

@@ -181,8 +181,8 @@ class BatchProgress:
         self._lock = threading.Lock()
 
     def step(self, request_id: str, index: int) -> None:
-        with self._lock:
-            self._done[request_id] = max(self._done.get(request_id, 0), index + 1)
+        with self._lock:  # index -1: the request starts over (a rank was lost), its steps count again from 0
+            self._done[request_id] = 0 if index < 0 else max(self._done.get(request_id, 0), index + 1)
 
     def decoded(self) -> None:
         with self._lock:

@@ -63,6 +63,13 @@ VSA_MARKERS = ("gate_compress",)
 LORA_MARKERS = ("lora_A", "lora_B", "lora_down", "lora_up", "lora_unet_")
 COMFY_PREFIX = "model.diffusion_model."
 
+#: the partition each workflow's transformer file is (Comfy-Org names its files ``minimax_h3_<workflow>_...``); the two
+#: partitions share every tensor name and shape (ComfyUI's own detection cannot tell them apart either), so a file's
+#: name, or its header's metadata, is all that says which one it is
+WORKFLOW_PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}
+#: the workflows of each partition, for the readouts
+PARTITION_WORKFLOWS = {"transformer": "t2va/fl2va", "transformer_ref": "ref2va"}
+
 #: the configs shipped with the pack (the released model's), one folder per partition
 SHIPPED_CONFIG_ROOT = pathlib.Path(__file__).resolve().parent / "h3_configs"
 #: the release's index and scheduler configs: what B loads beside a transformer file when it has no diffusers folder
@@ -358,11 +365,37 @@ def config_root_for(partition: str, model_dir: str | os.PathLike | None = None,
     return SHIPPED_CONFIG_ROOT
 
 
+def named_workflow(path: pathlib.Path, metadata: dict | None = None) -> str | None:
+    """The workflow a transformer file says it is for (``t2va``, ``fl2va``, ``ref2va``), from its name's words
+    (``minimax_h3_ref2va_int8.safetensors``) or its header's metadata values; None when it says none or several."""
+    words = {w for w in path.stem.lower().replace("-", "_").split("_")}
+    for value in (metadata or {}).values():
+        if isinstance(value, str) and len(value) < 256:
+            words |= {w for w in value.lower().replace("-", "_").replace(" ", "_").split("_")}
+    found = {w for w in WORKFLOW_PARTITION if w in words}
+    return found.pop() if len(found) == 1 else None
+
+
+def check_partition(path: pathlib.Path, partition: str, metadata: dict | None = None) -> None:
+    """Refuse a file that says it is the other partition's (a ref2va file picked for ``transformer``, a t2va or
+    fl2va one for ``transformer_ref``): it would load (the partitions share their tensors' names and shapes) and
+    run the wrong model without a word."""
+    workflow = named_workflow(path, metadata)
+    if workflow is None or partition not in PARTITION_WORKFLOWS or WORKFLOW_PARTITION[workflow] == partition:
+        return
+    other = WORKFLOW_PARTITION[workflow]
+    raise FormatError(
+        f"{path.name} is the {workflow} transformer (its name says so), picked for partition {partition} "
+        f"({PARTITION_WORKFLOWS[partition]}): set partition to {other} for it, or pick a "
+        f"{PARTITION_WORKFLOWS[partition]} transformer file for {partition}.")
+
+
 def detect(path: str | os.PathLike, partition: str = "transformer",
-           model_dir: str | os.PathLike | None = None) -> TransformerSource:
+           model_dir: str | os.PathLike | None = None, partition_check: bool = True) -> TransformerSource:
     """Identify a transformer source by its headers: a diffusers component folder (or a checkpoint folder, whose
     ``<partition>/`` is taken), a published single-file ``.safetensors`` or an unpruned ``.gguf``. Raises
-    :class:`FormatError` with one sentence for anything B cannot load."""
+    :class:`FormatError` with one sentence for anything B cannot load, and (``partition_check``) for a file that
+    says it is the other partition's (:func:`check_partition`)."""
     p = pathlib.Path(os.path.expanduser(str(path)))
     if not p.exists():
         raise FormatError(f"transformer source {p} does not exist.")
@@ -398,6 +431,8 @@ def detect(path: str | os.PathLike, partition: str = "transformer",
                 "single-file layout): point B at the diffusers checkpoint folder that holds it instead.")
         layers = comfy_keys.quantized_layers(tensors, meta)
         comfy_keys.check_supported(layers, tensors, str(p))
+        if partition_check:
+            check_partition(p, partition, meta)
         root = config_root_for(partition, model_dir, near=p.parent)
         src = TransformerSource("single_file", p.resolve(), tensors, root, partition, meta,
                                 comfy_keys.variant_of(tensors, meta), PRUNED_MARKER in tensors)
@@ -424,6 +459,8 @@ def detect(path: str | os.PathLike, partition: str = "transformer",
                 raise FormatError(
                     f"{p} uses GGUF tensor types {', '.join(bad)}, which diffusers cannot dequantize: use a file "
                     f"quantized to {', '.join(sorted(supported - {'F32', 'F16'}))}.")
+        if partition_check:
+            check_partition(p, partition, {k: v for k, v in meta.items() if isinstance(v, str)})
         root = config_root_for(partition, model_dir, near=p.parent)
         src = TransformerSource("gguf", p.resolve(), tensors, root, partition, meta)
         _check_vsa_config(src.config(), str(src.config_path))
@@ -436,7 +473,7 @@ def is_h3_transformer(path: str | os.PathLike) -> bool:
     """True when ``path`` (a ``.safetensors``/``.gguf`` file or a folder) is a MiniMax-H3 transformer B can load,
     recognised by its keys (never by its name). Never raises: for model pickers."""
     try:
-        detect(path)
+        detect(path, partition_check=False)  # either partition's file is one
         return True
     except Exception:  # noqa: BLE001
         return False

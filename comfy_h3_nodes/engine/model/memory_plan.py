@@ -208,6 +208,25 @@ def resolve_precision(precision: str, source: formats.TransformerSource) -> str:
     return "bf16" if precision == "auto" else precision
 
 
+def runs_as(source: formats.TransformerSource, precision: str, dtype: str) -> str:
+    """What a partition really runs as, in a readout's words, for a *resolved* ``precision``
+    (:func:`resolve_precision`): a Comfy-Org quantised file at ``stored`` keeps its layers as stored (comfy-kitchen
+    tensors, dequantised per call, as ComfyUI runs them), at ``bf16`` they were dequantised once at load; ``fp8`` is
+    fp8 storage with ``dtype`` compute (diffusers' layerwise casting); a GGUF file runs as stored."""
+    if precision == "stored" and source.variant:
+        text = f"{source.variant} layers as stored, dequantised per call to {dtype}"
+    elif source.variant:
+        text = f"{source.variant} dequantised to {dtype} at load"
+    elif precision == "gguf" or source.kind == "gguf":
+        quant = sorted(t for t in source.quant_types() if t.upper() not in ("F32", "F16", "BF16"))
+        text = f"GGUF {'/'.join(quant) or 'plain'} as stored, dequantised per call to {dtype}"
+    elif precision == "fp8":
+        text = f"fp8 storage, {dtype} compute"
+    else:
+        text = dtype
+    return text + (", pruned AdaLN in fp32" if source.pruned else "")
+
+
 def packed_rows(height: int, width: int, frames: int, tokens: int = 256) -> int:
     """Rows of B's packed sequence: video patches (2x2 of the 16x latent), stereo audio rows, prompt tokens
     (shared/design.md section 2: 37,966 rows at 1344x768x124)."""
