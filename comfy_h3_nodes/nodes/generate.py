@@ -16,8 +16,12 @@ from ..engine.contract.errors import H3Cancelled, H3Error
 from ..engine.contract.timing import StageRecord
 from ..engine.contract.wire import VIDEO_LATENT_CHANNELS
 from ..host import host
-from .common import (CATEGORY, LATE, at, b_host, batch_size, items, named_by_host, one, preview_spec, report, short,
-                     step_events)
+from .common import (CATEGORY, LATE, at, b_host, batch_size, items, named_by_host, one, preview_spec, reload_note,
+                     report, short, step_events)
+
+#: what the A side needs resident to encode and to decode (the host registers and, if released, reloads them)
+ENCODE_NEEDS = ("text_encoder", "vae", "audio_vae")
+DECODE_NEEDS = ("vae", "audio_vae")
 from .save import save_partial
 from .values import dit_parts
 
@@ -77,10 +81,17 @@ class H3TextEncode:
         reqs = [self._checked(i, n, at(prompt, i), at(width, i), at(height, i), at(num_frames, i),
                               at(keyframes, i), at(references, i)) for i in range(n)]  # all before any encodes
 
+        reloaded = host().hold_a_side(encoders, ENCODE_NEEDS)  # ComfyUI may have unloaded them since the last run
+        note = reload_note(reloaded)
+
         def reported(i):
             def done(payload, rec):
                 extra = {"workflow": payload.workflow, "canvas": f"{payload.width}x{payload.height}",
                          "num_frames": payload.num_frames, **({"batch": [i + 1, n]} if n > 1 else {})}
+                if note and i == 0:  # the first request's record carries the reload
+                    rec = dataclasses.replace(rec, load_s=sum(r.seconds for r in reloaded),
+                                              note="; ".join(x for x in (rec.note, note) if x))
+                    extra["reloaded"] = note
                 return report("H3TextEncode", unique_id, named_by_host([rec], ""), "encode", extra=extra)
             return done
 
@@ -246,6 +257,7 @@ class H3Decode:
 
         h = host()
         a, decode_on, unique_id, jobs = LocalA(one(encoders)), one(decode_on) or "auto", one(unique_id), items(latents)
+        self._reloaded = reload_note(h.hold_a_side(one(encoders), DECODE_NEEDS))  # the first decode's readout says it
         batched = any(getattr(j, "batch", None) is not None for j in jobs)
         bar = h.progress(unique_id, 1, "H3 batch") if batched else None
         try:
@@ -275,9 +287,14 @@ class H3Decode:
         t0 = time.perf_counter()
         media, records, plan = job.decode(a, decode_on, should_cancel=host().interrupted)
         records = named_by_host(records, job.pipeline.b_hostname())
+        note, self._reloaded = getattr(self, "_reloaded", ""), ""
+        if note:
+            records = [dataclasses.replace(r, note="; ".join(x for x in (r.note, note) if x))
+                       if r.machine == "A" and r.stage == "decode" else r for r in records]
         images = torch.from_numpy(media.frames)
         audio = {"waveform": torch.from_numpy(media.audio).unsqueeze(0), "sample_rate": media.sample_rate}
         ui = report("H3Decode", unique_id, sorted(records, key=lambda r: r.machine != "B"), "decode",
                     extra={"frames": int(media.frames.shape[0]), "sample_rate": media.sample_rate,
-                           "compute_s": time.perf_counter() - t0, "decode_on": plan.why})
+                           "compute_s": time.perf_counter() - t0, "decode_on": plan.why,
+                           **({"reloaded": note} if note else {})})
         return (images, audio, media.fps), ui
