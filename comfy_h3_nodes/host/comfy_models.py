@@ -118,9 +118,9 @@ def patchers(side, components) -> list[H3PartPatcher]:
 def hold(side, components) -> list:
     """Before ``side`` runs: its ``components`` are registered (and, when ComfyUI had unloaded them, reloaded)
     through ``load_models_gpu``, as ComfyUI's own nodes load their models. Returns the reload records."""
-    before = side.reloads
-    mm.load_models_gpu(patchers(side, components))
-    return list(side.last_reload) if side.reloads != before else []
+    before = len(side.load_records)
+    mm.load_models_gpu(patchers(side, components))  # reloads through H3PartPatcher.partially_load, one by one
+    return list(side.load_records[before:])
 
 
 def comfy_held_bytes(device: str | None = None) -> dict:
