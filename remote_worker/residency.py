@@ -27,7 +27,7 @@ class Releasable:
                 return {**self.released, "already": True}
             held = self.resident_bytes()
             if self.vae is not None:
-                held["vae"] = int(sum(tensor_nbytes(t) for t in (*self.vae.parameters(), *self.vae.buffers())))
+                held["vae decoder"] = int(sum(tensor_nbytes(t) for t in (*self.vae.parameters(), *self.vae.buffers())))
             self.released = {"cause": cause, "at": time.time(), "partitions": list(self.resident_partitions),
                              "active": self.partition, "vae": self.vae is not None, "bytes": held,
                              "total_bytes": int(sum(held.values()))}
