@@ -1449,7 +1449,8 @@ def test_memory_b_survives_a_comfyui_restart_in_the_two_machine_layout(tmp_path_
         assert b2["pid"] == b1["pid"] and b2["uptime_s"] > b1["uptime_s"], (b1, b2)
         assert b2["loads"] == b1["loads"], "B loaded after ComfyUI restarted"
         den = next(s for s in timings["5"]["stages"] if s["stage"] == "denoise")
-        assert den["load_s"] == 0 and "reloaded" not in den["note"], den
+        assert "reloaded_after_release_s" not in den["info"] and not den["info"].get("swapped_s"), den
+        assert den["load_s"] < 0.01 and "reloaded" not in den["note"], den  # the adapter switch only (microseconds)
         assert "B was already resident" in timings["2"]["summary"]["status"], timings["2"]["summary"]["status"]
         assert "B was already resident" in status1
         assert after <= 2 * warm, f"first step after the restart {after:.3f} s, warm {warm:.3f} s"
