@@ -274,6 +274,7 @@ class DiTActorImpl(ResidentActorMixin):
                 "ok": side is not None, "partition": side.partition if side else None,
                 "resident_partitions": list(side.resident_partitions) if side else [],
                 "precision": self.config.get("precision") or "auto", "dtype": side.dtype if side else None,
+                "device": side.device if side else None,
                 "model": self.config.get("model_dir"),
                 "memory_plan": {"summary": side.memory_plan.to_dict().get("summary")} if side else None,
                 "resident_bytes": self._held_bytes() if side else {}, "released": side.released if side else None,

@@ -1462,3 +1462,34 @@ def test_memory_b_survives_a_comfyui_restart_in_the_two_machine_layout(tmp_path_
         rn.stop_node(rb, grace=3)
         rn.stop_node(ra, grace=3)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_memory_free_releases_a_dit_rank_of_parallel_and_the_next_group_reloads_it(comfyui):
+    """``parallel`` A+B: A's DiT rank (its own process on A's machine) is among ComfyUI's loaded models too; ``/free``
+    releases its weights (the actor stays), and the next parallel run forms the group again with the rank reloaded."""
+    api, ui = _with_tiny(*_template("h3_t2va"))
+    (dit_id,), (den_id,), (text_id,) = _ids(api, "H3RemoteDiT"), _ids(api, "H3RemoteDenoise"), _ids(api, "H3TextEncode")
+    api[dit_id]["inputs"]["parallel"] = "A+B"
+    api[den_id]["inputs"]["steps"] = 3
+    api[text_id]["inputs"].update(width=64, height=64)
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
+    _ok(messages, pid)
+    rank = _status(comfyui)["a_rank"]
+    assert rank and rank["resident_bytes"] and rank["released"] is None, rank
+    _http_json(comfyui, "POST", "/free", {"unload_models": True})  # the Unload models button
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:
+        rank2 = _status(comfyui)["a_rank"]
+        if rank2 and rank2["released"]:
+            break
+        time.sleep(0.5)
+    assert rank2["released"]["cause"] == "ComfyUI freed memory" and rank2["resident_bytes"] == {}, rank2
+    assert rank2["pid"] == rank["pid"]
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
+    _ok(messages, pid)
+    (den,) = [d for d in _of(messages, "h3.timing", pid) if d["node"] == den_id]
+    assert [r["machine"] for r in den["summary"]["ran"]["ranks"]] == ["A", "B"]
+    rank3 = _status(comfyui)["a_rank"]
+    assert rank3["resident_bytes"] == rank["resident_bytes"] and rank3["released"] is None and rank3["pid"] == rank["pid"]
+    print(f"\n[h3 memory] /free released A's DiT rank: {sum(rank['resident_bytes'].values()) / 2**20:.2f} MiB; the next "
+          "parallel run reloaded it")

@@ -267,6 +267,18 @@ def encoders_status() -> list[dict]:
     return out
 
 
+def a_rank_held(ex, timeout: float = 10.0) -> tuple | None:
+    """``(rank, bytes it holds, device)`` of the executor's DiT rank on A (parallel denoise), or None: what a host
+    accounts for besides the A side (bounded)."""
+    import ray  # noqa: PLC0415 - a rank exists only once Ray is joined
+
+    rank = ex.a_rank() if hasattr(ex, "a_rank") else None
+    if rank is None:
+        return None
+    st = ray.get(rank.handle.pool_status.remote(), timeout=timeout)
+    return rank, int(sum((st.get("resident_bytes") or {}).values())), st.get("device") or "cpu"
+
+
 def _a_rank_status(timeout: float) -> dict | None:
     """A's DiT rank (parallel denoise), when this process started one: what it holds."""
     import ray  # noqa: PLC0415 - only called once Ray is initialized

@@ -152,6 +152,11 @@ class ComfyHost:
         (:mod:`.comfy_models`). Returns the reload records."""
         return comfy_models.hold(side, components)
 
+    def hold_a_rank(self, rank, held_bytes: int, device: str) -> None:
+        """A's DiT rank (parallel denoise) among ComfyUI's loaded models: ``/free`` and ComfyUI's eviction release its
+        weights (the rank reloads them when the next group forms)."""
+        comfy_models.hold_rank(rank, held_bytes, device)
+
     def held_elsewhere(self, device: str | None = None) -> dict:
         """What ComfyUI's own loaded models hold (A's memory plan counts it besides free memory)."""
         return comfy_models.comfy_held_bytes(device)

@@ -15,6 +15,7 @@ Imported only inside ComfyUI (it imports ``comfy``).
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import comfy.model_management as mm
@@ -97,6 +98,62 @@ class H3PartPatcher(comfy.model_patcher.ModelPatcher):
         return self.model
 
 
+class H3DiTRankModel(H3ResidentModel):
+    pass
+
+
+class H3RankPatcher(comfy.model_patcher.ModelPatcher):
+    """A's DiT rank (parallel denoise: its own process on A's machine, the same memory on a Spark) in ComfyUI's
+    accounting: an unload asks the rank to release its weights (bounded; the actor stays), and the rank reloads them
+    itself when the next DiT group forms."""
+
+    def __init__(self, rank, held_bytes: int, device: str, timeout_s: float):
+        self.rank, self.timeout_s, self._bytes, self.released = rank, timeout_s, int(held_bytes), False
+        super().__init__(H3DiTRankModel("dit_rank_a"), load_device=comfy_device(device),
+                         offload_device=torch.device("cpu"), size=max(self._bytes, 1))
+
+    def model_size(self):
+        return max(self._bytes, 1)
+
+    def loaded_size(self):
+        return 0 if self.released else self._bytes
+
+    def current_loaded_device(self):
+        return self.load_device
+
+    def partially_load(self, device_to, extra_memory=0, force_patch_weights=False):
+        was, self.released = self.released, False  # the rank reloads at its next join (reload_if_released)
+        return self._bytes if was else 0
+
+    def partially_unload(self, device_to, memory_to_free=0, force_patch_weights=False):
+        return 0
+
+    def detach(self, unpatch_all=True):
+        if unpatch_all and not self.released:
+            import ray  # noqa: PLC0415 - a rank exists only once the pack joined Ray
+
+            try:
+                ray.get(self.rank.handle.release.remote(CAUSE), timeout=self.timeout_s)
+                self.released = True
+            except Exception as exc:  # noqa: BLE001 - ComfyUI's unload goes on; said in its log
+                logging.warning("comfy-h3: A's DiT rank %s did not release its model within %.0f s: %s",
+                                self.rank.name, self.timeout_s, exc)
+        return self.model
+
+
+_rank_patchers: dict[int, H3RankPatcher] = {}
+
+
+def hold_rank(rank, held_bytes: int, device: str, timeout_s: float = 60.0) -> None:
+    """A's DiT rank registered with ComfyUI's model management (after a parallel denoise), as the A side's models."""
+    with _lock:
+        p = _rank_patchers.get(id(rank.handle))
+        if p is None or p.rank is not rank:
+            p = _rank_patchers[id(rank.handle)] = H3RankPatcher(rank, held_bytes, device, timeout_s)
+        p._bytes = int(held_bytes) or p._bytes
+    mm.load_models_gpu([p])
+
+
 _lock = threading.Lock()
 _patchers: dict[tuple[int, str], H3PartPatcher] = {}
 
@@ -130,7 +187,7 @@ def comfy_held_bytes(device: str | None = None) -> dict:
     want = comfy_device(device) if device else None
     for lm in list(mm.current_loaded_models):
         model = lm.model
-        if model is None or isinstance(model, H3PartPatcher):
+        if model is None or isinstance(model, (H3PartPatcher, H3RankPatcher)):
             continue
         if want is not None and lm.device != want:
             continue

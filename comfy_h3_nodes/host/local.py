@@ -77,6 +77,9 @@ class LocalHost:
         here); returns the reload records."""
         return list(side.ensure(tuple(components)))
 
+    def hold_a_rank(self, rank, held_bytes: int, device: str) -> None:
+        """No host frees memory here: A's DiT rank stays until ``H3RemoteDiT.parallel`` is off or it is released."""
+
     def held_elsewhere(self, device: str | None = None) -> dict:
         """Nothing else on this machine is known to hold models (no ComfyUI)."""
         return {}

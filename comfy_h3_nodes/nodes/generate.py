@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from ..engine import session
 from ..engine.contract import request as rq
 from ..engine.contract.configs import DECODE_ON
 from ..engine.contract.errors import H3Cancelled, H3Error
@@ -204,6 +205,9 @@ class H3RemoteDenoise:
             raise
         finally:
             bar.close()
+        held = session.a_rank_held(ex) if ex.bclient.parallel != "off" else None
+        if held is not None:  # A's DiT rank shares A's memory: the host accounts for it (ComfyUI's /free releases it)
+            h.hold_a_rank(*held)
         records = named_by_host(job.records, b_host(ex))
         extra = schedule_extra(records, params.steps) | {"total_s": time.perf_counter() - t0,
                                                          "preview": preview_readout(records, preview_note)}
