@@ -1326,7 +1326,9 @@ mm.load_models_gpu([own])
 names = sorted(type(lm.model.model).__name__ for lm in mm.current_loaded_models)
 counted = comfy_models.comfy_held_bytes()
 cpu = mm.get_torch_device()
-mm.free_memory(mm.get_free_memory(cpu) + sum(held.values()), cpu)  # more than is free: ComfyUI evicts what it can
+# a model larger than this machine's memory is to be loaded: ComfyUI evicts every model it can (the free memory
+# moves with other processes, so ask for more than the total, not a little more than what is free now)
+mm.free_memory(mm.get_total_memory(cpu) + sum(held.values()), cpu)
 evicted = dict(side.released); after_evict = side.resident_bytes(); left = len(mm.current_loaded_models)
 back = comfy_models.hold(side, ("text_encoder", "vae", "audio_vae"))
 reloaded = [[r.component, r.reason, r.seconds] for r in back]
