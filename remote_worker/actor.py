@@ -29,7 +29,8 @@ from comfy_h3_nodes.engine.contract.timing import StageRecord
 from comfy_h3_nodes.engine.executor.handoff import receive, receive_payload
 from comfy_h3_nodes.engine.model import catalog, formats, parallel
 from comfy_h3_nodes.engine.model.backends import resolve_attention_backend
-from comfy_h3_nodes.engine.process import ResidentActorMixin, base_health, runtime_env, setup_process
+from comfy_h3_nodes.engine.process import (ResidentActorMixin, base_health, memory_info, runtime_env,
+                                           setup_process)
 
 from . import model_roots
 from .b_side import BSide
@@ -130,9 +131,12 @@ class DiTActorImpl(ResidentActorMixin):
                 info.update(result.parallel, comm_s=round(result.comm_s, 5), machine=self.machine)
             if result.preview:  # what the live previews cost B
                 info["preview"] = result.preview
+            if result.reload_s:  # the model was released on request: this request reloaded it
+                info["reloaded_after_release_s"] = round(result.reload_s, 4)
             den = StageRecord(request_id, "denoise", self.machine, self.node_ip, t_recv, time.time(),
                               compute_s=result.compute_s, bytes=result.latents.field_bytes(),
-                              steps=tuple(s.seconds for s in result.steps), load_s=result.swap_s + result.adapter_s,
+                              steps=tuple(s.seconds for s in result.steps),
+                              load_s=result.swap_s + result.adapter_s + result.reload_s,
                               note=result.schedule_note(call.adapters), info=info)
             progress["state"] = "done"
             self.recent.append({"request_id": request_id, "workflow": payload.workflow, "steps": len(result.steps),
@@ -201,6 +205,7 @@ class DiTActorImpl(ResidentActorMixin):
                    join_timeout_s: float = 600.0) -> dict:
         """Join a DiT group (queued behind this worker's running denoise): every rank calls it at once; returns when
         all joined (at most ``join_timeout_s``); its collectives are bounded by ``timeout_s``."""
+        self.side.reload_if_released()  # a released rank loads its model again before the group forms
         parallel.join(group_id, address, rank, world, timeout_s, self.side.device, join_timeout_s)
         return {"group": group_id, "rank": rank, "world": world, "node_ip": self.node_ip, "machine": self.machine,
                 "heads": int(getattr(self.side._host, self.side.partition).config.num_attention_heads)}
@@ -269,8 +274,10 @@ class DiTActorImpl(ResidentActorMixin):
                 "ok": side is not None, "partition": side.partition if side else None,
                 "resident_partitions": list(side.resident_partitions) if side else [],
                 "precision": self.config.get("precision") or "auto", "dtype": side.dtype if side else None,
+                "device": side.device if side else None,
                 "model": self.config.get("model_dir"),
                 "memory_plan": {"summary": side.memory_plan.to_dict().get("summary")} if side else None,
+                "resident_bytes": self._held_bytes() if side else {}, "released": side.released if side else None,
                 "current": cur, "queue": queue, "queued_steps": queued,
                 "step_s": steps[len(steps) // 2] if steps else None}
 
@@ -311,6 +318,13 @@ class DiTActorImpl(ResidentActorMixin):
                 p["cancel_at_step"] = len(p["steps"])
             self._cancelled.add(request_id)
         return True
+
+    def _held_bytes(self) -> dict:
+        held = self.side.resident_bytes()
+        if self.side.vae is not None:
+            held["vae decoder"] = int(sum(t.numel() * t.element_size()
+                                          for t in (*self.side.vae.parameters(), *self.side.vae.buffers())))
+        return held
 
     def _serving(self, swap_s: float = 0.0) -> dict:
         """What this B serves (and so what a request it just finished ran on)."""
@@ -356,10 +370,26 @@ class DiTActorImpl(ResidentActorMixin):
         log.info("reconfigured %s in %.2f s", diff, time.perf_counter() - t0)
         return {"changed": diff, "seconds": time.perf_counter() - t0}
 
+    @ray.method(concurrency_group="denoise")
+    def release(self, cause: str = "a release on request") -> dict:
+        """Drop the model's weights and keep this actor (its name, its place, its settings): queued behind the
+        running requests; the next denoise reloads and its record says so. Returns what was released."""
+        out = self.side.release(cause)
+        out["name"] = ray.get_runtime_context().get_actor_name() or self.config.get("name")
+        out["rss_mb_after"] = memory_info(self.side.device)["rss_mb"]
+        log.info("released %s (%s): %.1f MiB", out["partitions"], cause, out["total_bytes"] / 2**20)
+        return out
+
     @ray.method(concurrency_group="control")
     def check_adapter(self, path: str) -> dict:
         """Whether B can use the LoRA ``path`` (inside its model roots, a file, its tensors fitting the resident
         transformer), without loading it: ``{"ok": True, "path": resolved}`` or ``{"ok": False, "error": ...}``."""
+        if self.side.released is not None:  # no transformer to check the tensors against: the roots only
+            try:
+                found = self.side.path_check(path) if self.side.path_check is not None else path
+                return {"ok": True, "path": str(found)}
+            except (ValueError, OSError) as exc:
+                return {"ok": False, "error": str(exc)}
         try:
             return {"ok": True, "path": self.side.adapters.check(path)}
         except (ValueError, OSError) as exc:  # AdapterError, ModelFolderError: the sentence for the node
@@ -389,6 +419,9 @@ class DiTActorImpl(ResidentActorMixin):
         info["trained_steps"] = self.side.trained_steps()  # FastH3 partitions: the only step count they take
         info["video_vae"] = self.side.decoder_info()  # can B take a split-decode share (and at which dtype)
         info["memory_plan"] = self.side.memory_report()  # the plan B loaded by, and what it measures it holds
+        info["resident_bytes"] = self._held_bytes()  # per partition (and the decoder): what the panel shows
+        info["released"] = self.side.released  # set while the weights are released on request
+        info["reloads"] = self.side.reloads
         info["recent"] = list(self.recent)[-10:]
         info["busy"] = any(p["state"] in ("waiting", "running") for p in list(self._progress.values()))
         return info

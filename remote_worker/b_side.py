@@ -47,6 +47,7 @@ from comfy_h3_nodes.engine.model.vsa_kernels import resolve_vsa_kernel
 from comfy_h3_nodes.engine.process import maybe_profile
 
 from .adapters import AdapterManager, AdapterSchedule, check_no_foreign_tensors
+from .residency import Releasable
 
 
 @dataclass
@@ -150,6 +151,7 @@ class DenoiseResult:
     comm_s: float = 0.0  # in a DiT group: seconds inside the collectives (waiting for the slower rank included)
     parallel: dict = field(default_factory=dict)  # in a DiT group: rank, world, method, rows
     preview: dict = field(default_factory=dict)  # previews made: count, B seconds in all, bytes of the last, every
+    reload_s: float = 0.0  # the weights were released (``BSide.release``): seconds this request spent reloading
 
     def schedule_note(self, adapters: tuple = ()) -> str:
         parts = [f"{len(self.steps)} forwards, shift {self.shift:g} (video) / {self.audio_shift:g} (audio)"]
@@ -163,7 +165,7 @@ class DenoiseResult:
         return "; ".join(parts + list(self.notes))
 
 
-class BSide:
+class BSide(Releasable):
     """The resident DiT. ``denoise`` serves one request at a time.
 
     ``sources`` maps a partition to a ``.safetensors``/``.gguf`` file (or a diffusers folder) that replaces
@@ -210,11 +212,15 @@ class BSide:
         tiles = {s.vsa.tile_size for s in self.sources.values() if s.vsa is not None}
         self.vsa_kernel = resolve_vsa_kernel(vsa_kernel, self.device, tiles) if tiles else None  # FastH3 only
         self.precision = memory_plan.resolve_precision(precision, self.sources[partition])
+        self.memory_limit_bytes = memory_limit_bytes
         self.memory_plan = self._plan(partition, residency, memory_limit_bytes,
                                       tuple(plan_canvas) if plan_canvas else memory_plan.default_canvas(self.model_dir))
+        #: set while the weights are released (``release``): what was resident, why, when, the bytes it held
+        self.released: dict | None = None
+        self.reloads = 0
         resident = tuple(c.name for c in self.memory_plan.components)
         self.residency = "both" if len(resident) > 1 else "one"
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # denoise, release and their reload
         self._slot = MonitorSlot()
         self._preview_note = ""  # why a request asked for previews and got none
         self._pipes: dict[str, object] = {}
@@ -386,6 +392,7 @@ class BSide:
         if trained is not None:  # refused before anything runs (or swaps)
             trained.check_steps(call.num_inference_steps, str(self.sources[PARTITION_OF[payload.workflow]].path))
         with self._lock:
+            reload_s = self.reload_if_released()  # B's model was released on request: loaded again, recorded
             swap_s = 0.0
             needed = PARTITION_OF[payload.workflow]
             if needed not in self.resident_partitions:
@@ -434,6 +441,9 @@ class BSide:
         )
         res = DenoiseResult(result.validate(), monitor.steps, compute_s, swap_s, adapter_s, *shifts)
         res.profile_path = self.last_profile
+        if reload_s:
+            res.reload_s = reload_s
+            res.notes.append(f"reloaded the model after a release in {reload_s:.2f} s")
         if self._preview_note:
             res.notes.append(self._preview_note)
         if monitor.previewer is not None and monitor.previewer.cost_s:

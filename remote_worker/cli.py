@@ -5,6 +5,8 @@ Verbs:
                    the values for ComfyUI's H3RemoteDiT node
   preflight        only the checks of setup (changes nothing)
   status           the DiT actor's health, resident model, memory, uptime and recent requests
+  release          "Release B's model": the DiT worker(s) drop their weights and keep their actors; the next request
+                   reloads them (ComfyUI's /free never does this)
   stop             kill the DiT actor and stop this machine's Ray node (only ours; `--all` also runs `ray stop`)
   install-service  write a systemd unit (Restart=on-failure) that runs `setup --block`
 """
@@ -116,6 +118,13 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--timeout", type=float, default=10.0)
     st.add_argument("--json", action="store_true")
     _add_common(st)
+    rl = sub.add_parser("release", help="the DiT worker(s) drop their weights and keep their actors")
+    rl.add_argument("--head", default=None, help="A's Ray head (default: the one setup joined)")
+    rl.add_argument("--node-ip", default=None, help="this machine's cluster address (default: the one setup used)")
+    rl.add_argument("--timeout", type=float, default=120.0,
+                    help="seconds to wait for the workers (each releases after its running requests)")
+    rl.add_argument("--json", action="store_true")
+    _add_common(rl)
     sp = sub.add_parser("stop", help="kill the DiT actor and stop this machine's Ray node")
     sp.add_argument("--keep-actor", action="store_true", help="leave the actor registered (it waits for a B node)")
     sp.add_argument("--all", action="store_true",
@@ -467,6 +476,9 @@ def cmd_status(args) -> int:
           + ", ".join(f"{k}={v}" for k, v in h.get("resident", {}).items()) + ")")
     print(f"  runtime    {h['device']}, {h['dtype']}, attention {h['attention_backend']}, pid {h['pid']}")
     print("  memory     " + (", ".join(f"{k} {v}" for k, v in mem.items()) or "-"))
+    held = h.get("resident_bytes") or {}
+    print("  weights    " + (f"released ({h['released'].get('cause')}): the next request reloads them" if h.get("released")
+                             else ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in held.items()) or "-"))
     print(f"  uptime     {h['uptime_s']:.0f} s, {h['loads']} load(s)")
     print("  versions   " + ", ".join(f"{k} {v}" for k, v in h.get("versions", {}).items()))
     recent = h.get("recent", [])
@@ -476,6 +488,41 @@ def cmd_status(args) -> int:
         print(f"    {r['request_id']}: {r['workflow']}, {r['steps']} steps, {r['compute_s']:.2f} s, "
               f"{now - r['finished']:.0f} s ago")
     return 0
+
+
+# ---------------------------------------------------------------------------------------------------------- release
+def cmd_release(args) -> int:
+    """Every DiT worker matching ``--name`` (a name, a list, or a prefix with ``*``) drops its weights and keeps its
+    actor; prints what each released."""
+    s = _state_args(args)
+    head, node_ip, token_file = s["head"], s["node_ip"], s["token_file"]
+    if not head or not node_ip:
+        return _die("release: no B node set up here (no state file) and no --head/--node-ip given: pass "
+                    "--head A:PORT --node-ip THIS_MACHINE'S_CLUSTER_ADDRESS")
+    name = args.name if args.name != "h3_dit" or not s["state"].get("name") else s["state"]["name"]
+    namespace = (args.namespace if args.namespace != "comfy_h3" or not s["state"].get("namespace")
+                 else s["state"]["namespace"])
+    ray = _ray()
+    from comfy_h3_nodes.engine.executor import pool  # noqa: PLC0415 - imports Ray: only after main() set the token
+
+    try:
+        _connect(head, namespace, token_file, node_ip)
+        out = pool.release(name, namespace, args.timeout, cause="a release on request (remote_worker release)")
+    except Exception as exc:  # noqa: BLE001 - one sentence
+        return _die(f"release: {type(exc).__name__}: {exc}")
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    if args.json:
+        print(json.dumps(out, default=str))
+    else:
+        for r in out["released"]:
+            what = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in r["bytes"].items()) or "nothing"
+            print(f"{r['name']}: {'was already released' if r.get('already') else 'released'} {what} "
+                  f"(actor kept; the next request reloads it)")
+        for n, why in out["missing"].items():
+            print(f"{n}: not released: {why}", file=sys.stderr)
+    return 0 if out["released"] and not out["missing"] else 1
 
 
 # ---------------------------------------------------------------------------------------------------------- stop
@@ -523,13 +570,14 @@ def cmd_stop(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.verb in ("setup", "status", "stop") and "ray" not in sys.modules:
+    if args.verb in ("setup", "status", "stop", "release") and "ray" not in sys.modules:
         # Ray reads the auth mode once, at import: the token must be in the environment before `import ray`
         token_file = args.token_file or (rn.read_state("b") or {}).get("token_file")
         if token_file:
             os.environ.pop("RAY_AUTH_TOKEN", None)
         os.environ.update(rn.token_env(token_file))
     verbs = {"setup": cmd_setup, "preflight": cmd_preflight, "status": cmd_status, "stop": cmd_stop,
+             "release": cmd_release,
              "install-service": lambda a: service.cmd_install_service(a, parser())}
     try:
         return int(verbs[args.verb](args) or 0)

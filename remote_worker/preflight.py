@@ -11,6 +11,7 @@ overrides that (the JSON ``python -m comfy_h3_nodes cluster versions`` prints on
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import pathlib
@@ -150,6 +151,11 @@ def _check_network(opts: Options, res: Result) -> tuple[str | None, int | None]:
         src = rn.route_source(host)
         if src == res.node_ip:
             res.add("route to A", True, f"traffic to {host} leaves from {src} ({res.iface})")
+        elif _loopback(host) and _loopback(res.node_ip):
+            # both nodes on this machine (a trial: two raylets at 127.0.0.x): the kernel names 127.0.0.1 as the
+            # source, but there is no other link to fall back to
+            res.add("route to A", True, f"A {host} and B {res.node_ip} are both loopback addresses: one machine, "
+                                        "no other link")
         else:
             res.add("route to A", False,
                     f"traffic to {host} would leave from {src or 'nowhere (no route)'} "
@@ -164,6 +170,13 @@ def _check_network(opts: Options, res: Result) -> tuple[str | None, int | None]:
             f"start the head on A (`python -m comfy_h3_nodes cluster start-head --iface IF`), check the address and "
             f"port, and that no firewall blocks {port}/tcp from B")
     return None, None
+
+
+def _loopback(ip: str | None) -> bool:
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_token_and_head(opts: Options, res: Result, reachable: bool) -> None:

@@ -156,6 +156,7 @@ class HarnessServer(ThreadedServer):
                        "unreachable": json.loads((FIXTURES / "status_unreachable.json").read_text())}
         self.records: list[dict] = []  # what /h3/timings lists; tests fill it as the run "happens"
         self.hits: list[str] = []
+        self.release_bodies: list = []
         super().__init__()
 
     def _app(self):
@@ -192,6 +193,13 @@ class HarnessServer(ThreadedServer):
                 return web.Response(text=timings_csv(recs), content_type="text/csv")
             return web.json_response({"records": recs})
 
+        async def release_b(request):  # the panel's "Release B's model": what ComfyUI's route answers
+            self.hits.append("release_b")
+            self.release_bodies.append(await request.json())
+            return web.json_response({"released": [{"name": "h3_dit", "partitions": ["transformer"],
+                                                    "bytes": {"transformer": 12 * 2**20}, "total_bytes": 12 * 2**20}],
+                                      "missing": {}})
+
         async def favicon(request):
             return web.Response(status=204)
 
@@ -208,6 +216,7 @@ class HarnessServer(ThreadedServer):
         app.router.add_get("/api/h3/status", status)
         app.router.add_get("/api/h3/timings", timings)
         app.router.add_get("/api/history", history)
+        app.router.add_post("/api/h3/release_b", release_b)
         return app
 
 
@@ -510,6 +519,26 @@ def test_export_json_and_csv(page):
     d = dl.value
     assert d.suggested_filename.endswith(".csv")
     assert pathlib.Path(d.path()).read_bytes().decode() == timings_csv(p.server.records)
+    p.assert_clean()
+
+
+def test_release_b_button_posts_and_says_what_b_released(page):
+    """The panel's "Release B's model" (issue 29): one POST /h3/release_b, the answer in the panel's message, and the
+    status read again so that the worker's row shows it."""
+    p = page
+    open_sidebar(p)
+    before = p.server.hits.count("status")
+    p.page.click('#sidebar-content button[data-action="releaseB"]')
+    p.page.wait_for_function("() => (document.querySelector('#sidebar-content .h3-message')?.textContent || '')"
+                             ".includes('the next run reloads on B')", timeout=10_000)
+    text = p.page.inner_text("#sidebar-content .h3-message")
+    assert "h3_dit released 12.0 MiB" in text, text
+    assert p.server.hits.count("release_b") == 1 and p.server.release_bodies == [{}]
+    for _ in range(50):  # the status is read again right after the message
+        if p.server.hits.count("status") > before:
+            break
+        p.page.wait_for_timeout(100)
+    assert p.server.hits.count("status") > before
     p.assert_clean()
 
 

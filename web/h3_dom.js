@@ -328,6 +328,12 @@ export function renderStatus(root, m) {
     row.dataset.worker = w.name;
     kids.push(row);
   }
+  if (m.aRank && !(m.workers || []).some((w) => w.machine === "A")) { // else it is one of the worker rows
+    const row = el(doc, "div", m.aRank.error ? "h3-worker h3-mismatch" : "h3-worker",
+                   `A's DiT rank ${workerText(m.aRank)}${m.aRank.error ? ` · ${m.aRank.error}` : ""}`);
+    row.dataset.worker = "a_rank";
+    kids.push(row);
+  }
   for (const a of m.actors) {
     const row = el(doc, "div", a.error ? "h3-actor h3-mismatch" : "h3-actor",
                    `actor ${a.name}${a.namespace ? ` (${a.namespace})` : ""}${a.partition ? ` · ${a.partition}` : ""}` +
@@ -345,7 +351,7 @@ const DETAILS_HINT = "Point at a bar for its figures (every bar's label and the 
  * The timeline panel: header with buttons, cluster status, legend, a details box (fixed height: what the pointer is
  * on; pointing never moves the rows) and one waterfall per request, each headed by its workflow, its place in a
  * batch, its request id and its wall time split into parts that add up to it.
- * `handlers`: {refresh(), exportJSON(), exportCSV()} (each may return a promise).
+ * `handlers`: {refresh(), exportJSON(), exportCSV(), releaseB()} (each may return a promise).
  */
 export class TimelinePanel {
   constructor(doc, handlers = {}) {
@@ -361,7 +367,9 @@ export class TimelinePanel {
     head.appendChild(el(doc, "span", "h3-title", "H3 timings"));
     for (const [name, text, title] of [["refresh", "Refresh", "Re-read /h3/status and /h3/timings"],
                                        ["exportJSON", "JSON", "Export /h3/timings as JSON"],
-                                       ["exportCSV", "CSV", "Export /h3/timings as CSV"]]) {
+                                       ["exportCSV", "CSV", "Export /h3/timings as CSV"],
+                                       ["releaseB", "Release B's model", "B's DiT workers drop their weights and keep " +
+                                        "their actors; the next run reloads them. ComfyUI's Unload models frees A only."]]) {
       const b = el(doc, "button", `h3-btn h3-btn-${name}`, text);
       b.type = "button";
       b.title = title;

@@ -258,6 +258,7 @@ function newPanel() {
     refresh: () => Promise.all([refreshStatus(true), refreshTimings(true, true)]),
     exportJSON: () => exportTimings("json"),
     exportCSV: () => exportTimings("csv"),
+    releaseB: () => releaseB(panel),
   });
   panels.add(panel);
   return panel;
@@ -296,6 +297,22 @@ function mountSidebar(container) {
 }
 
 // ------------------------------------------------------------------------------------------------ routes
+
+/** "Release B's model": POST /h3/release_b, then the panel says what each worker released, and the status shows it. */
+async function releaseB(panel) {
+  panel.setMessage("asking B's workers to release their model…");
+  const r = await api.fetchApi("/h3/release_b", { method: "POST", body: "{}", cache: "no-store",
+                                                   headers: { "Content-Type": "application/json" } });
+  const data = await r.json().catch(() => ({}));
+  if (!r.ok) throw new Error(data?.error ?? `/h3/release_b: HTTP ${r.status}`);
+  const done = (data.released ?? []).map((w) => {
+    const mib = Object.values(w.bytes ?? {}).reduce((s, v) => s + (Number(v) || 0), 0) / 2 ** 20;
+    return `${w.name} ${w.already ? "was already released" : `released ${mib.toFixed(1)} MiB`}`;
+  });
+  const missing = Object.entries(data.missing ?? {}).map(([n, why]) => `${n}: ${why}`);
+  panel.setMessage([...done, ...missing].join("; ") + " · the next run reloads on B");
+  await refreshStatus(true);
+}
 
 async function getJSON(route) {
   const r = await api.fetchApi(route, { cache: "no-store" });

@@ -52,8 +52,24 @@ export function workerRows(workers) {
       clients: [...new Set(queue.map((q) => q.client).filter(Boolean).map(String))],
       // A's DiT rank (parallel denoise) is listed with the workers: its machine and process say which it is
       machine: w.machine === "A" ? "A" : "B", pid: num(w.pid), error: typeof w.error === "string" ? w.error : null,
+      held: heldParts(w.resident_bytes),
+      released: w.released && typeof w.released === "object" ? w.released : null,
     };
   });
+}
+
+/** `{part: bytes}` (a worker's or A's own count of what it holds) as `[[part, bytes], ...]`, numbers only. */
+export function heldParts(bytes) {
+  if (!bytes || typeof bytes !== "object") return [];
+  return Object.entries(bytes).filter(([, v]) => num(v) !== null).map(([k, v]) => [String(k), num(v)]);
+}
+
+/** `transformer 12.0 MiB + vae decoder 3.1 MiB (15.1 MiB)`, or `weights released (why)`, or "". */
+export function heldText(held, released) {
+  if (released) return `weights released${released.cause ? ` (${released.cause})` : ""}: the next run reloads them`;
+  if (!held.length) return "";
+  const total = held.reduce((s, [, v]) => s + v, 0);
+  return `holds ${held.map(([k, v]) => `${k} ${fmtBytes(v)}`).join(" + ")}${held.length > 1 ? ` (${fmtBytes(total)})` : ""}`;
 }
 
 /** One line per worker: `h3_dit_b2 @ 10.0.0.3 · transformer · running ab12cd 3/8 for host:pid · 2 queued (16 steps)`. */
@@ -65,6 +81,8 @@ export function workerText(w) {
   bits.push(w.current ? `running ${shortId(w.current)}${w.total ? ` ${w.step ?? 0}/${w.total}` : ""}` +
     `${w.client ? ` for ${w.client}` : ""}` : "idle");
   if (w.queued) bits.push(`${w.queued} queued (${w.queuedSteps} steps)`);
+  const held = heldText(w.held ?? [], w.released ?? null);
+  if (held) bits.push(held);
   return bits.join(" · ");
 }
 
@@ -74,7 +92,7 @@ export function workerText(w) {
  */
 export function statusModel(status, { fetchError = null } = {}) {
   const m = { ok: false, warning: null, detail: null, cluster: "", roles: [], nodes: [], actors: [], encoders: [],
-              mismatches: [], workers: [], time: null };
+              mismatches: [], workers: [], time: null, aRank: null };
   if (!status || typeof status !== "object") {
     m.warning = "H3 status unavailable";
     m.detail = fetchError ? String(fetchError) : "no answer from /h3/status";
@@ -103,6 +121,8 @@ export function statusModel(status, { fetchError = null } = {}) {
     if (health[role] || topo[role] || inProcess) m.roles.push(healthRole(role, health[role], topo[role], inProcess));
   }
   m.workers = workerRows(status.workers);
+  const rank = status.a_rank && typeof status.a_rank === "object" ? status.a_rank : null;
+  if (rank) m.aRank = { ...workerRows([{ ...rank, partitions: rank.partitions }])[0], error: rank.error ?? null };
   const a = health.A?.versions;
   const b = health.B?.versions;
   if (a && b && typeof a === "object" && typeof b === "object") {
@@ -133,7 +153,10 @@ export function roleText(r) {
   if (r.uptime_s !== null) bits.push(`up ${fmtSeconds(r.uptime_s)}`);
   if (r.memory) bits.push(r.memory);
   for (const e of r.encoders ?? []) {
-    bits.push(`encoders ${[e.model_path, e.dtype].filter(Boolean).join(" ")}`);
+    const rel = e.released && typeof e.released === "object" ? Object.keys(e.released) : [];
+    const held = heldText(heldParts(e.resident_bytes), null);
+    bits.push(`encoders ${[e.model_path, e.dtype].filter(Boolean).join(" ")}` + (held ? ` ${held}` : "") +
+              (rel.length ? ` · released ${rel.join(", ")} (${Object.values(e.released)[0]}): the next run reloads` : ""));
   }
   const state = r.healthy === null ? "no health answer yet" : r.healthy ? "ok" : "unhealthy";
   const title = [`${r.role}: ${state}`, ...bits, r.hostname && !r.in_process ? `host ${r.hostname}` : null,

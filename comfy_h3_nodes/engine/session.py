@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from ..cluster import ray_cluster as cl
-from .contract.configs import BConfig
+from .contract.configs import NAMESPACE, BConfig
 from .contract.timing import TimingLog
 from .model import catalog
 
@@ -58,15 +58,18 @@ def use_a_side(factory=None) -> None:
 
 
 def encoders(model_path: str, dtype: str = "bfloat16", attention_backend: str = "sdpa", device: str | None = None,
-             parts: dict | None = None, tokenizer_dirs: tuple = ()):
+             parts: dict | None = None, tokenizer_dirs: tuple = (), held_elsewhere: dict | None = None):
     """``(side, loaded_now)``: the resident A side for this configuration (loaded on first use, then reused);
-    ``parts``: the text encoder / VAEs that come from single files (component -> path)."""
+    ``parts``: the text encoder / VAEs that come from single files (component -> path); ``held_elsewhere``: what
+    other holders on A have (the host's figure: ComfyUI's own loaded models), which A's memory plan counts."""
     parts = {k: v for k, v in (parts or {}).items() if v}
     key = (str(model_path), dtype, attention_backend, device, tuple(sorted(parts.items())))
     with _lock:
         if key in _encoders:
             return _encoders[key], False
         extra = {"parts": parts, "tokenizer_dirs": tuple(tokenizer_dirs)} if parts else {}
+        if held_elsewhere:
+            extra["held_elsewhere"] = dict(held_elsewhere)
         side = A_SIDE_FACTORY(model_path, dtype, attention_backend, device, **extra)
         _encoders[key] = side
         return side, True
@@ -179,6 +182,36 @@ def _drop(key) -> None:
             pass
 
 
+def a_sides() -> list:
+    """The resident A sides of this process (what a host accounts for as loaded models)."""
+    with _lock:
+        return list(_encoders.values())
+
+
+def _worker_specs() -> list[tuple[str, str]]:
+    with _lock:
+        specs = list(dict.fromkeys((k[1], k[2]) for k in _executors))
+    return specs or [("h3_dit*", NAMESPACE)]
+
+
+def release_b(spec: str | None = None, namespace: str | None = None, timeout: float = 120.0) -> dict:
+    """"Release B's model": every DiT worker this process uses (or ``spec`` in ``namespace``) drops its weights and
+    keeps its actor; the next request reloads there. Needs this process joined to the cluster (a graph with
+    ``H3RemoteDiT`` ran); ``python -m remote_worker release`` does the same from B's shell."""
+    from .executor import pool  # noqa: PLC0415 - Ray loads when a node first runs, not at ComfyUI's load
+
+    if "ray" not in sys.modules or not sys.modules["ray"].is_initialized():
+        raise cl.ClusterError("not connected to the Ray cluster: run a graph with an H3RemoteDiT node first, or run "
+                              "`python -m remote_worker release` on B.")
+    specs = [(spec, namespace or NAMESPACE)] if spec else _worker_specs()
+    out = {"released": [], "missing": {}}
+    for name, ns in specs:
+        got = pool.release(name, ns, timeout, cause="a release on request (Release B's model)")
+        out["released"].extend(got["released"])
+        out["missing"].update(got["missing"])
+    return out
+
+
 def status(timeout: float = 5.0) -> dict:
     """What ``GET /h3/status`` answers: cluster, nodes, actors, health, and ``workers``: every DiT worker of the
     pools this process uses (node, pid, partitions, queue, current request and the client it serves), A's DiT rank
@@ -218,8 +251,34 @@ def status(timeout: float = 5.0) -> dict:
             entry["error"] = str(exc)
             out["error"] = out["error"] or f"B actor {key[1]!r} is unreachable: {exc}"
         out["actors"].append(entry)
-    with _lock:
-        out["encoders"] = [{"model_path": k[0], "dtype": k[1], "attention_backend": k[2], "resident": e.resident(),
-                            "parts": {c: str(p.path) for c, p in (getattr(e, "parts", None) or {}).items()},
-                            "memory_plan": e.memory_plan.summary()} for k, e in _encoders.items()]
+    out["encoders"] = encoders_status()
+    # A's DiT rank (parallel denoise), when this process started one: its worker row (what it holds, what was released)
+    out["a_rank"] = next((w for w in out["workers"] if w.get("machine") == "A"), None)
     return out
+
+
+def encoders_status() -> list[dict]:
+    """A's resident sides: what each holds (its own count of bytes per component), what was released and why."""
+    with _lock:
+        items = list(_encoders.items())
+    out = []
+    for k, e in items:
+        held = e.resident_bytes() if hasattr(e, "resident_bytes") else {}
+        out.append({"model_path": k[0], "dtype": k[1], "attention_backend": k[2], "resident": e.resident(),
+                    "parts": {c: str(p.path) for c, p in (getattr(e, "parts", None) or {}).items()},
+                    "memory_plan": e.memory_plan.summary(), "resident_bytes": held,
+                    "total_bytes": int(sum(held.values())), "released": dict(getattr(e, "released", {}) or {}),
+                    "reloads": int(getattr(e, "reloads", 0))})
+    return out
+
+
+def a_rank_held(ex, timeout: float = 10.0) -> tuple | None:
+    """``(rank, bytes it holds, device)`` of the executor's DiT rank on A (parallel denoise), or None: what a host
+    accounts for besides the A side (bounded)."""
+    import ray  # noqa: PLC0415 - a rank exists only once Ray is joined
+
+    rank = ex.a_rank() if hasattr(ex, "a_rank") else None
+    if rank is None:
+        return None
+    st = ray.get(rank.handle.pool_status.remote(), timeout=timeout)
+    return rank, int(sum((st.get("resident_bytes") or {}).values())), st.get("device") or "cpu"

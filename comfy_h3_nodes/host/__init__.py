@@ -42,12 +42,14 @@ def set_host(h) -> None:
 
 
 def register_routes() -> bool:
-    """Add ``GET /h3/status`` and ``GET /h3/timings`` to ComfyUI's server; a no-op outside ComfyUI."""
+    """Add ``GET /h3/status``, ``GET /h3/timings`` and ``POST /h3/release_b`` to ComfyUI's server; a no-op outside
+    ComfyUI."""
     if not in_comfyui():
         return False
-    from .routes import ROUTES  # noqa: PLC0415 - aiohttp handlers, needed only inside ComfyUI
+    from .routes import POST_ROUTES, ROUTES  # noqa: PLC0415 - aiohttp handlers, needed only inside ComfyUI
 
     host().add_routes(ROUTES)
+    host().add_routes(POST_ROUTES, method="post")
     return True
 
 

@@ -21,6 +21,7 @@ from comfy.cli_args import args
 from PIL import Image
 from server import PromptServer
 
+from . import comfy_models
 from .local import ProgressReporter, builtin_error
 
 
@@ -145,6 +146,21 @@ class ComfyHost:
         comfy_dir = pathlib.Path(comfy.model_management.__file__).resolve().parent  # comfy/ is a namespace package
         return [str(comfy_dir / "text_encoders" / "qwen25_tokenizer")]
 
-    def add_routes(self, handlers: dict) -> None:
+    def hold_a_side(self, side, components) -> list:
+        """Before the A side runs: ``components`` registered with ComfyUI's model management as loaded models (and
+        reloaded when ComfyUI had unloaded them), so ``/free``, its buttons and its own eviction release them
+        (:mod:`.comfy_models`). Returns the reload records."""
+        return comfy_models.hold(side, components)
+
+    def hold_a_rank(self, rank, held_bytes: int, device: str) -> None:
+        """A's DiT rank (parallel denoise) among ComfyUI's loaded models: ``/free`` and ComfyUI's eviction release its
+        weights (the rank reloads them when the next group forms)."""
+        comfy_models.hold_rank(rank, held_bytes, device)
+
+    def held_elsewhere(self, device: str | None = None) -> dict:
+        """What ComfyUI's own loaded models hold (A's memory plan counts it besides free memory)."""
+        return comfy_models.comfy_held_bytes(device)
+
+    def add_routes(self, handlers: dict, method: str = "get") -> None:
         for path, handler in handlers.items():
-            PromptServer.instance.routes.get(path)(handler)
+            getattr(PromptServer.instance.routes, method)(path)(handler)

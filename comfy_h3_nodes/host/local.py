@@ -72,6 +72,18 @@ class LocalHost:
         self.decoder: tuple[Callable, str] | None = None
         self.kept: dict[str, bytes] = {}
 
+    def hold_a_side(self, side, components) -> list:
+        """Before the A side runs: what of ``components`` was released is loaded again (no host accounts for it
+        here); returns the reload records."""
+        return list(side.ensure(tuple(components)))
+
+    def hold_a_rank(self, rank, held_bytes: int, device: str) -> None:
+        """No host frees memory here: A's DiT rank stays until ``H3RemoteDiT.parallel`` is off or it is released."""
+
+    def held_elsewhere(self, device: str | None = None) -> dict:
+        """Nothing else on this machine is known to hold models (no ComfyUI)."""
+        return {}
+
     def progress(self, node_id: str | None, total: int, desc: str = "H3") -> ProgressReporter:
         def shown(value, total, pv):  # what a UI would draw: kept as an event
             self.send_event("h3.preview", {"node": node_id, "value": value, "max": total, "step": pv.step,

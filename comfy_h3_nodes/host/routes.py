@@ -1,5 +1,5 @@
-"""HTTP handlers behind ``GET /h3/status`` and ``GET /h3/timings`` (aiohttp; registered on ComfyUI's server by
-:func:`comfy_h3_nodes.host.register_routes`, and on any aiohttp app by :func:`add_routes`)."""
+"""HTTP handlers behind ``GET /h3/status``, ``GET /h3/timings`` and ``POST /h3/release_b`` (aiohttp; registered on
+ComfyUI's server by :func:`comfy_h3_nodes.host.register_routes`, and on any aiohttp app by :func:`add_routes`)."""
 
 from __future__ import annotations
 
@@ -36,13 +36,37 @@ async def timings_handler(request: web.Request) -> web.Response:
     return web.json_response({"records": session.TIMINGS.to_json(rid)}, dumps=_dumps)
 
 
+async def release_b_handler(request: web.Request) -> web.Response:
+    """"Release B's model" (the H3 panel's button): every DiT worker this ComfyUI uses drops its weights and keeps its
+    actor. Body (optional): ``{"actor_name": spec, "namespace": ns}``. 200 with what each released, 409 when this
+    ComfyUI is not joined to a cluster, 504 when no worker answered in time."""
+    try:
+        body = await request.json() if request.can_read_body else {}
+    except ValueError:
+        return web.json_response({"error": "the body is not JSON; send {} or {\"actor_name\": ...}"}, status=400)
+    spec = (body or {}).get("actor_name") or None
+    namespace = (body or {}).get("namespace") or None
+    try:
+        out = await asyncio.to_thread(session.release_b, spec, namespace)
+    except Exception as exc:  # noqa: BLE001 - the sentence goes to the panel
+        status = 409 if "not connected" in str(exc) else 502
+        return web.json_response({"error": str(exc)}, status=status)
+    if not out["released"]:
+        return web.json_response({**out, "error": "no DiT worker released its model: "
+                                  + "; ".join(f"{k}: {v}" for k, v in out["missing"].items())}, status=504)
+    return web.json_response(out, dumps=_dumps)
+
+
 #: what the pack serves (ComfyUI mirrors each under /api/...)
 ROUTES = {"/h3/status": status_handler, "/h3/timings": timings_handler}
+POST_ROUTES = {"/h3/release_b": release_b_handler}
 
 
 def add_routes(app: web.Application, prefix: str = "") -> None:
     for path, handler in ROUTES.items():
         app.router.add_get(f"{prefix}{path}", handler)
+    for path, handler in POST_ROUTES.items():
+        app.router.add_post(f"{prefix}{path}", handler)
 
 
 def _dumps(obj) -> str:

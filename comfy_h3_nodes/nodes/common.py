@@ -145,6 +145,16 @@ def a_node() -> str:
     return socket.gethostname()
 
 
+def reload_note(records: list) -> str:
+    """The readout of A's reloads (load records of a side that had been released): ``A load text_encoder 0.12 s,
+    vae 0.03 s (reloaded after ComfyUI freed memory)``; empty when nothing reloaded."""
+    if not records:
+        return ""
+    causes = sorted({r.reason.split(" (file ")[0] for r in records})
+    return ("A load " + ", ".join(f"{r.component} {r.seconds:.2f} s" for r in records)
+            + f" ({'; '.join(causes)})")
+
+
 def local_record(stage: str, t0: float, w0: float, request_id: str = "", **kw) -> StageRecord:
     return StageRecord(request_id, stage, "A", a_node(), w0, time.time(), compute_s=time.perf_counter() - t0, **kw)
 

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import time
 
+from ..engine import session
 from ..engine.contract import request as rq
 from ..engine.contract.configs import DECODE_ON
 from ..engine.contract.errors import H3Cancelled, H3Error
@@ -18,9 +19,13 @@ from ..engine.contract.timing import StageRecord
 from ..engine.contract.wire import VIDEO_LATENT_CHANNELS
 from ..host import host
 from .common import (CATEGORY, LATE, InputMessage, at, b_host, batch_size, items, named_by_host, one, preview_spec,
-                     report, short, step_events)
+                     reload_note, report, short, step_events)
 from .save import save_partial
 from .values import dit_parts
+
+#: what the A side needs resident to encode and to decode (the host registers and, if released, reloads them)
+ENCODE_NEEDS = ("text_encoder", "vae", "audio_vae")
+DECODE_NEEDS = ("vae", "audio_vae")
 
 
 def _canvas_error(width: int, height: int) -> tuple[str | None, str] | None:
@@ -84,10 +89,17 @@ class H3TextEncode:
         reqs = [self._checked(i, n, at(prompt, i), at(width, i), at(height, i), at(num_frames, i),
                               at(keyframes, i), at(references, i)) for i in range(n)]  # all before any encodes
 
+        reloaded = host().hold_a_side(encoders, ENCODE_NEEDS)  # ComfyUI may have unloaded them since the last run
+        note = reload_note(reloaded)
+
         def reported(i):
             def done(payload, rec):
                 extra = {"workflow": payload.workflow, "canvas": f"{payload.width}x{payload.height}",
                          "num_frames": payload.num_frames, **({"batch": [i + 1, n]} if n > 1 else {})}
+                if note and i == 0:  # the first request's record carries the reload
+                    rec = dataclasses.replace(rec, load_s=sum(r.seconds for r in reloaded),
+                                              note="; ".join(x for x in (rec.note, note) if x))
+                    extra["reloaded"] = note
                 return report("H3TextEncode", unique_id, named_by_host([rec], ""), "encode", extra=extra)
             return done
 
@@ -200,6 +212,9 @@ class H3RemoteDenoise:
             raise
         finally:
             bar.close()
+        held = session.a_rank_held(ex) if ex.bclient.parallel != "off" else None
+        if held is not None:  # A's DiT rank shares A's memory: the host accounts for it (ComfyUI's /free releases it)
+            h.hold_a_rank(*held)
         records = named_by_host(job.records, b_host(ex))
         extra = schedule_extra(records, params.steps) | {"total_s": time.perf_counter() - t0,
                                                          "preview": preview_readout(records, preview_note)}
@@ -257,6 +272,7 @@ class H3Decode:
 
         h = host()
         a, decode_on, unique_id, jobs = LocalA(one(encoders)), one(decode_on) or "auto", one(unique_id), items(latents)
+        self._reloaded = reload_note(h.hold_a_side(one(encoders), DECODE_NEEDS))  # the first decode's readout says it
         batched = any(getattr(j, "batch", None) is not None for j in jobs)
         bar = h.progress(unique_id, 1, "H3 batch") if batched else None
         try:
@@ -286,9 +302,14 @@ class H3Decode:
         t0 = time.perf_counter()
         media, records, plan = job.decode(a, decode_on, should_cancel=host().interrupted)
         records = named_by_host(records, job.pipeline.b_hostname())
+        note, self._reloaded = getattr(self, "_reloaded", ""), ""
+        if note:
+            records = [dataclasses.replace(r, note="; ".join(x for x in (r.note, note) if x))
+                       if r.machine == "A" and r.stage == "decode" else r for r in records]
         images = torch.from_numpy(media.frames)
         audio = {"waveform": torch.from_numpy(media.audio).unsqueeze(0), "sample_rate": media.sample_rate}
         ui = report("H3Decode", unique_id, sorted(records, key=lambda r: r.machine != "B"), "decode",
                     extra={"frames": int(media.frames.shape[0]), "sample_rate": media.sample_rate,
-                           "compute_s": time.perf_counter() - t0, "decode_on": plan.why})
+                           "compute_s": time.perf_counter() - t0, "decode_on": plan.why,
+                           **({"reloaded": note} if note else {})})
         return (images, audio, media.fps), ui

@@ -8,14 +8,14 @@ import time
 
 from ..engine import session
 from ..engine.contract import request as rq
-from ..engine.contract.configs import A_COMPONENTS, DTYPES, PARALLEL, PARTITIONS, PRECISIONS, TINY
+from ..engine.contract.configs import A_COMPONENTS, DTYPES, MODEL_COMPONENTS_A, PARALLEL, PARTITIONS, PRECISIONS, TINY
 from ..engine.contract.errors import ModelFolderError
 from ..engine.contract.timing import StageRecord
 from ..engine.model import catalog
 from ..engine.model.backends import UI_CHOICES
 from ..engine.model.folders import check_model_dir
 from ..host import host
-from .common import CATEGORY, local_record, report
+from .common import CATEGORY, local_record, reload_note, report
 from .values import DiT, dit_parts
 
 #: what the templates name: the released model's usual place
@@ -67,16 +67,24 @@ class H3LoadEncoders:
         parts = {name: catalog.resolve_part(choice, name, host().model_folders(PART_INPUTS[name][0]))
                  for name, choice in (("text_encoder", text_encoder), ("vae", vae), ("audio_vae", audio_vae))}
         enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend, parts=parts,
-                                           tokenizer_dirs=tuple(host().tokenizer_folders()))
-        loads = sum(r.seconds for r in enc.load_records) if loaded_now else 0.0
+                                           tokenizer_dirs=tuple(host().tokenizer_folders()),
+                                           held_elsewhere=host().held_elsewhere())
+        # the host accounts for A's models from here on (ComfyUI: as its own loaded models, which /free and its
+        # eviction unload); what it had unloaded since the last run is loaded again now
+        reloaded = host().hold_a_side(enc, MODEL_COMPONENTS_A)
+        loads = (sum(r.seconds for r in enc.load_records) if loaded_now else
+                 sum(r.seconds for r in reloaded))
         what = catalog.tiny_name(model_path) if catalog.is_tiny(model_path) else str(enc.model_dir)
         files = getattr(enc, "parts", None) or {}
         if files:  # parts from single files: which, and at what
             what += " with " + ", ".join(f"{c} from file {p.path.name} ({p.variant or 'plain'}"
                                          + (f", dequantised to {dtype})" if p.variant else ")") for c, p in files.items())
         plan = getattr(enc, "memory_plan", None)
+        state = "loaded" if loaded_now else (reload_note(reloaded) + ":" if reloaded else "resident")
+        held = sum(enc.resident_bytes().values()) if hasattr(enc, "resident_bytes") else 0
         rec = local_record("load", t0, w0, load_s=loads,
-                           note=("loaded" if loaded_now else "resident") + f" {what}: {', '.join(enc.resident())}"
+                           note=f"{state} {what}: {', '.join(enc.resident())}"
+                           + (f" · A holds {held / 2**20:.1f} MiB" if held else "")
                            + (f" · {plan.summary()}" if plan is not None else ""))
         return {"ui": report("H3LoadEncoders", unique_id, [rec], "load"), "result": (enc,)}
 
@@ -181,6 +189,9 @@ def connection_readout(ex) -> tuple[str, dict]:
         note += f" · pool of {len(workers)}: " + ", ".join(f"{w['name']} {w['node']}" for w in workers)
     if ex.last_reconfigure:
         note += f" · B reconfigured: {ex.last_reconfigure}"
+    residency = b_residency_text(b, session.CLUSTER.started)
+    if residency:
+        note += f" · {residency}"
     if plan.get("summary"):
         note += f" · {plan['summary']}"
     if ex.bclient.parallel != "off":
@@ -194,8 +205,24 @@ def connection_readout(ex) -> tuple[str, dict]:
              "reconfigured": ex.last_reconfigure or None, "precision": b.get("precision"),
              "workers": [{"name": w["name"], "node": w["node"]} for w in workers],
              "memory_plan": plan.get("summary"), "clock_b_minus_a_s": health["clock"]["b_minus_a_s"],
-             "parallel": ex.bclient.parallel, "group": health.get("group")}
+             "parallel": ex.bclient.parallel, "group": health.get("group"),
+             "b_resident_bytes": b.get("resident_bytes"), "b_released": b.get("released"),
+             "b_already_resident": bool(residency.startswith("B was already resident")), "b_loads": b.get("loads")}
     return note, extra
+
+
+def b_residency_text(b: dict, joined_at: float) -> str:
+    """Whether B's model was resident before this process joined (a ComfyUI restart in the two-machine layout: B's
+    worker is reused, nothing loads), or is released (the next denoise reloads it)."""
+    rel = b.get("released")
+    if rel:
+        return (f"B's model is released ({rel.get('cause')}, {rel.get('total_bytes', 0) / 2**20:.1f} MiB): the next "
+                "denoise reloads it")
+    up = float(b.get("uptime_s") or 0.0)
+    if joined_at and up > time.time() - joined_at + 1.0:
+        return (f"B was already resident (its worker up {up:.0f} s, before this process joined; "
+                f"{b.get('loads', 0)} load(s), none now)")
+    return ""
 
 
 def b_config_text(b: dict) -> str:

@@ -6,10 +6,16 @@ the folder then gives the index and whatever is not a file; with no folder, the 
 blocks of the request's workflow and packs what B needs into an :class:`~.wire.EncodedRequest`; ``decode`` runs the
 ``decode.*`` blocks on a :class:`~.wire.DenoisedLatents`; ``decode_split`` runs the same blocks with the last clips
 taken from B's share (:mod:`.split_decode`). The Ray actor of the executor wraps this class.
+
+Residency: ``release(components, cause)`` drops the text encoder and VAEs (a host's unload: ComfyUI's model
+management calls it through the host's patchers), ``resident_bytes()`` is the side's own count of what it holds, and
+every ``encode``/``decode`` first reloads what it needs (``ensure``), checked against the memory plan, with load
+records whose reason is ``reloaded after <cause>``. The tokenizer and processor (no weights) stay.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -29,7 +35,11 @@ from ..media import resample_audio
 from ..model import catalog, comfy_files, formats, memory_plan, split, split_decode
 from ..model.backends import resolve_attention_backend
 from ..model.folders import check_model_dir
+from ..model.quant import tensor_nbytes
 from ..process import maybe_profile
+
+#: what each use of the side needs resident (encode: the VAEs too, for keyframes, references and the canvas)
+NEEDS = {"encode": MODEL_COMPONENTS_A, "decode": ("vae", "audio_vae")}
 
 
 @dataclass
@@ -49,7 +59,7 @@ class ASide:
 
     def __init__(self, model_dir: str | os.PathLike | None, dtype: str = "bfloat16", attention_backend: str = "sdpa",
                  device: str | None = None, memory_limit_bytes: int | None = None, parts: dict | None = None,
-                 tokenizer_dirs: tuple = ()):
+                 tokenizer_dirs: tuple = (), held_elsewhere: dict | None = None):
         self.attention_backend = resolve_attention_backend(attention_backend)
         self.device = split.pick_device(device)
         self.dtype = dtype
@@ -67,8 +77,10 @@ class ASide:
         #: the parts loaded from single files (component -> PartSource: file, variant, where its configs come from)
         self.parts = {c: comfy_files.detect_part(p, c, model_dir, tokenizer_dirs) for c, p in parts.items()}
         # the text encoder and VAEs at this dtype + decode working memory, against what A has: refused before loading
+        self.memory_limit_bytes = memory_limit_bytes
         self.memory_plan = memory_plan.plan_a(self.model_dir, MODEL_COMPONENTS_A, dtype, self.device,
-                                              limit_bytes=memory_limit_bytes, parts=self.parts).check()
+                                              limit_bytes=memory_limit_bytes, parts=self.parts,
+                                              held_elsewhere=held_elsewhere).check()
         loaded = split.load_checked(self.model_dir, from_folder, dtype, self.device)
         self._host = loaded.host
         self.load_records = loaded.records
@@ -78,6 +90,79 @@ class ASide:
         self._pipes: dict[tuple[str, str], object] = {}
         self._accepts: dict[tuple[str, str], set[str]] = {}
         self._decode_lock = threading.Lock()  # one decode at a time: a split decode overrides a method of the VAE
+        self._use = threading.RLock()  # a release waits for the encode or decode using the models
+        #: component -> why it was released (``ComfyUI freed memory``), until it is loaded again
+        self.released: dict[str, str] = {}
+        #: the reloads of the last ``ensure`` that loaded something (what the next readout reports)
+        self.last_reload: list[split.LoadRecord] = []
+        self.reloads = 0
+        self._geometry = split_decode.geometry(self._host.vae)
+
+    # ------------------------------------------------------------------------------------------------ residency
+    def resident_bytes(self) -> dict[str, int]:
+        """The side's own count: bytes of the parameters and buffers of each loaded text encoder / VAE."""
+        out = {}
+        for name in MODEL_COMPONENTS_A:
+            model = getattr(self._host, name, None)
+            if model is not None and hasattr(model, "parameters"):
+                out[name] = int(sum(tensor_nbytes(t) for t in (*model.parameters(), *model.buffers())))
+        return out
+
+    def release(self, components: tuple | list | None = None, cause: str = "a release") -> dict[str, int]:
+        """Drop ``components`` (default: the text encoder and both VAEs) after any encode or decode using them;
+        returns the bytes each held. The next use reloads them (:meth:`ensure`)."""
+        names = tuple(components) if components else MODEL_COMPONENTS_A
+        bad = sorted(set(names) - set(MODEL_COMPONENTS_A))
+        if bad:
+            raise ValueError(f"A cannot release {bad}; it holds {list(MODEL_COMPONENTS_A)}.")
+        with self._use:
+            held = self.resident_bytes()
+            freed = {}
+            for name in names:
+                if name in held:
+                    setattr(self._host, name, None)
+                    freed[name] = held[name]
+                    self.released[name] = cause
+            if freed:
+                self._pipes.clear()  # they hold the components too
+                self._accepts.clear()
+                gc.collect()
+                if self.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
+        return freed
+
+    def ensure(self, components: tuple | list = MODEL_COMPONENTS_A,
+               held_elsewhere: dict | None = None) -> list[split.LoadRecord]:
+        """Load again what of ``components`` was released, after the memory plan for them says it fits (else
+        :class:`~..model.memory_plan.MemoryPlanError`, with the numbers and the options); returns the new load
+        records (their reason: ``reloaded after <cause>``), empty when everything was resident."""
+        with self._use:
+            todo = [c for c in MODEL_COMPONENTS_A if c in components and c in self.released]
+            if not todo:
+                return []
+            memory_plan.plan_a(self.model_dir, tuple(todo), self.dtype, self.device,
+                               limit_bytes=self.memory_limit_bytes,
+                               parts={c: p for c, p in self.parts.items() if c in todo},
+                               held_elsewhere=held_elsewhere).check()
+            records = []
+            for name in todo:
+                reason = f"reloaded after {self.released[name]}"
+                if name in self.parts:
+                    new = comfy_files.load_parts(self._host, {name: self.parts[name]}, self.dtype, self.device,
+                                                 catalog.cache_root())
+                    for r in new:
+                        r.reason = f"{reason} (file {self.parts[name].path.name})"
+                else:
+                    new = split.load_checked(self.model_dir, (name,), self.dtype, self.device, reason=reason,
+                                             host=self._host).records
+                records.extend(new)
+                del self.released[name]
+            self._pipes.clear()
+            self._accepts.clear()
+            self.load_records.extend(records)
+            self.last_reload = records
+            self.reloads += 1
+            return records
 
     # ------------------------------------------------------------------------------------------------ helpers
     def _pipe(self, workflow: str, part: str):
@@ -89,7 +174,9 @@ class ASide:
         return self._pipes[key]
 
     def resident(self) -> dict[str, str]:
-        return {n: type(getattr(self._host, n)).__name__ for n in A_COMPONENTS}
+        """What A holds: each component's class, or ``released (<cause>)``."""
+        return {n: (f"released ({self.released[n]})" if n in self.released else type(getattr(self._host, n)).__name__)
+                for n in A_COMPONENTS}
 
     @property
     def audio_rate(self) -> int:
@@ -123,10 +210,12 @@ class ASide:
         req = request if isinstance(request, ValidEncode) else validate_encode(request)
         if req.workflow == "t2va" and req.height is None:
             req = req.with_canvas(*self.default_canvas())
-        pipe = self._pipe(req.workflow, "encode")
-        accepted = self._accepts[(req.workflow, "encode")]
-        with maybe_profile(f"encode_{req.request_id}", self.device.startswith("cuda")):
-            state = pipe(**{k: v for k, v in self.encode_inputs(req).items() if k in accepted})
+        with self._use:
+            self.ensure(NEEDS["encode"])
+            pipe = self._pipe(req.workflow, "encode")
+            accepted = self._accepts[(req.workflow, "encode")]
+            with maybe_profile(f"encode_{req.request_id}", self.device.startswith("cuda")):
+                state = pipe(**{k: v for k, v in self.encode_inputs(req).items() if k in accepted})
         get = state.get
         height = get("height") if get("height") is not None else req.height
         width = get("width") if get("width") is not None else req.width
@@ -155,10 +244,12 @@ class ASide:
         receiver already validated ``latents`` (it times that apart from the transfer)."""
         if not validated:
             latents.validate()
-        pipe = self._pipe(latents.workflow, "decode")
-        with self._decode_lock, maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
-            return pipe(latents=latents.latents.to_torch(), audio_latents=latents.audio_latents.to_torch(),
-                        output_type=output_type, output=["videos", "audio", "sampling_rate"])
+        with self._use:
+            self.ensure(NEEDS["decode"])
+            pipe = self._pipe(latents.workflow, "decode")
+            with self._decode_lock, maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
+                return pipe(latents=latents.latents.to_torch(), audio_latents=latents.audio_latents.to_torch(),
+                            output_type=output_type, output=["videos", "audio", "sampling_rate"])
 
     def decode(self, latents: wire.DenoisedLatents, validated: bool = False) -> DecodedMedia:
         t0 = time.perf_counter()
@@ -177,7 +268,10 @@ class ASide:
     # ------------------------------------------------------------------------------------------------ split decode
     @property
     def vae(self):
-        return self._host.vae
+        """The resident video VAE (reloaded first when it was released)."""
+        with self._use:
+            self.ensure(("vae",))
+            return self._host.vae
 
     def decoder_info(self) -> dict:
         """What the executor's split-decode policy compares with B's (same weights, same dtype), and the geometry."""
@@ -185,16 +279,15 @@ class ASide:
             vae = self.parts.get("vae")
             self._vae_fingerprint = (split_decode.vae_fingerprint(self.model_dir / "vae") if vae is None
                                      else f"file:{vae.path.name}:{vae.path.stat().st_size}")
-        return {"resident": True, "dtype": self.dtype, "fingerprint": self._vae_fingerprint,
-                **split_decode.geometry(self.vae)}
+        return {"resident": True, "dtype": self.dtype, "fingerprint": self._vae_fingerprint, **self._geometry}
 
     def num_clips(self, latents: wire.DenoisedLatents) -> int:
-        return split_decode.num_clips(self.vae, latents.latents.shape[2])
+        return split_decode.clips_for(self._geometry, latents.latents.shape[2])
 
     def decode_share(self, latents: wire.DenoisedLatents, start: int, stop: int,
                      should_cancel: Callable[[], bool] | None = None) -> split_decode.Share:
         """Clips ``[start, stop)`` decoded with A's VAE (what B's share computes on B)."""
-        with self._decode_lock:
+        with self._use, self._decode_lock:
             return split_decode.decode_share(self.vae, latents.latents.to_torch(), start, stop, should_cancel)
 
     def decode_split(self, latents: wire.DenoisedLatents, provider: Callable[[int], object | None],
@@ -205,12 +298,14 @@ class ASide:
         if not validated:
             latents.validate()
         t0 = time.perf_counter()
-        pipe = self._pipe(latents.workflow, "decode")
-        lat = latents.latents.to_torch()
-        with self._decode_lock, split_decode.serve_clips(self.vae, lat, provider, should_cancel) as log, \
-                maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
-            out = pipe(latents=lat, audio_latents=latents.audio_latents.to_torch(), output_type="np",
-                       output=["videos", "audio", "sampling_rate"])
+        with self._use:
+            self.ensure(NEEDS["decode"])
+            pipe = self._pipe(latents.workflow, "decode")
+            lat = latents.latents.to_torch()
+            with self._decode_lock, split_decode.serve_clips(self.vae, lat, provider, should_cancel) as log, \
+                    maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
+                out = pipe(latents=lat, audio_latents=latents.audio_latents.to_torch(), output_type="np",
+                           output=["videos", "audio", "sampling_rate"])
         return self._media(latents, out, t0), log
 
     # ------------------------------------------------------------------------------------------------ records

@@ -132,6 +132,11 @@ class H3Executor:
                **self.a_rank_settings}
         return actors.dit(cfg, node_id=self.topology.a.node_id, role="A", env=self.env)
 
+    def a_rank(self):
+        """A's DiT rank (parallel denoise) when this executor started one: its ``Rank`` (name, handle), else None."""
+        groups = getattr(self.bclient, "groups", None)
+        return groups.a_rank if groups is not None else None
+
     def _a_work_s(self, last: int = 8) -> float | None:
         """A's measured seconds of work per request (encode + decode), the median of its last requests' records."""
         per: dict[str, dict] = {}

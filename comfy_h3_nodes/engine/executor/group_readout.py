@@ -52,4 +52,5 @@ def status_row(entry: dict, s: dict) -> dict:
             "pid": s.get("pid") or entry["pid"], "partitions": s.get("resident_partitions"),
             "precision": s.get("precision"), "dtype": s.get("dtype"), "queue": s.get("queue", []),
             "queued_steps": s.get("queued_steps", 0), "current_request": cur and cur.get("request_id"),
-            "client": cur and cur.get("client"), "current": cur, "step_s": s.get("step_s")}
+            "client": cur and cur.get("client"), "current": cur, "step_s": s.get("step_s"),
+            "resident_bytes": s.get("resident_bytes") or {}, "released": s.get("released")}

@@ -90,7 +90,7 @@ class Worker:
                 "queued_steps": s.get("queued_steps", 0), "current_request": cur and cur.get("request_id"),
                 "client": cur and cur.get("client"), "current": cur,
                 "memory_plan": (s.get("memory_plan") or {}).get("summary"), "step_s": s.get("step_s"),
-                "pid": s.get("pid")}
+                "pid": s.get("pid"), "resident_bytes": s.get("resident_bytes") or {}, "released": s.get("released")}
 
 
 def choose(workers: list[Worker], partition: str, exclude: tuple[str, ...] = ()) -> Worker | None:
@@ -180,3 +180,26 @@ class DiTPool:
 
     def describe(self) -> list[dict]:
         return [w.describe() for w in sorted(self.workers.values(), key=lambda w: w.name)]
+
+
+def release(spec: str, namespace: str, timeout: float, cause: str = "a release on request") -> dict:
+    """Every worker of ``spec`` drops its model's weights and keeps its actor (each after its running requests):
+    ``{"released": [{"name", "partitions", "bytes", "total_bytes", ...}], "missing": {name: why}}``. Bounded by
+    ``timeout`` for the whole call; a worker that does not answer in time is named in ``missing`` (its release may
+    still happen when its running request ends)."""
+    pool = DiTPool(spec, namespace, status_timeout=min(timeout, 5.0))
+    workers = pool.refresh()
+    if not workers:
+        raise PoolError(pool.none_left())
+    refs = {w.handle.release.remote(cause): w for w in workers}
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+    out, missing = [], dict(pool.missing)
+    for ref, w in refs.items():
+        if ref not in ready:
+            missing[w.name] = f"did not answer within {timeout:g} s (busy: it releases after its running requests)"
+            continue
+        try:
+            out.append(ray.get(ref, timeout=timeout))
+        except Exception as exc:  # noqa: BLE001 - reported per worker
+            missing[w.name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"
+    return {"released": sorted(out, key=lambda r: r.get("name") or ""), "missing": missing}

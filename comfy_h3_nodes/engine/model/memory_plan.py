@@ -295,6 +295,8 @@ class MemoryPlan:
     margin_bytes: int
     canvas: tuple = DEFAULT_CANVAS
     options: list[tuple[str, int]] = field(default_factory=list)  # alternatives that fit: (label, need)
+    held_elsewhere: dict = field(default_factory=dict)  # not free: name -> bytes (A: ComfyUI's loaded models)
+    advice: list = field(default_factory=list)  # other ways out (A: free ComfyUI's models, a smaller file, ...)
 
     @property
     def resident_bytes(self) -> int:
@@ -332,9 +334,14 @@ class MemoryPlan:
         text = (f"{self.machine} plan ({self.label}): {self.terms()} = {human(self.resident_bytes + self.working_bytes)}"
                 f"{peak} {rel} {human(self.usable_bytes)} free on {self.machine} ({self.available_from}, "
                 f"{human(self.margin_bytes)} margin kept)")
+        held = {k: v for k, v in self.held_elsewhere.items() if v > 0}
+        if held:
+            text += ("; besides the free memory " + ", ".join(f"{k} hold {human(v)}" for k, v in held.items()))
         if not self.fits and self.options:
             text += "; " + "; ".join(f"{label} ({human(need)}) fits" for label, need in self.options)
-        elif not self.fits:
+        if not self.fits and self.advice:
+            text += "; options: " + "; ".join(self.advice)
+        elif not self.fits and not self.options:
             text += "; no precision or residency of these files fits: free memory on this machine"
         return text
 
@@ -468,9 +475,12 @@ def part_bytes(src: comfy_files.PartSource, dtype: str) -> ComponentPlan:
 
 
 def plan_a(model_dir: str | os.PathLike, components: tuple[str, ...], dtype: str = "bfloat16", device: str = "cpu",
-           canvas=None, limit_bytes: int | None = None, parts: dict | None = None) -> MemoryPlan:
+           canvas=None, limit_bytes: int | None = None, parts: dict | None = None,
+           held_elsewhere: dict | None = None) -> MemoryPlan:
     """A's plan: the text encoder and VAEs of the diffusers folder (or, for those in ``parts``, of their single
-    files) at ``dtype`` plus decode working memory for ``canvas`` (default: the checkpoint's own default canvas)."""
+    files) at ``dtype`` plus decode working memory for ``canvas`` (default: the checkpoint's own default canvas).
+    ``held_elsewhere``: what other holders on A have (the host's figure: ComfyUI's own loaded models), counted besides
+    the free memory: a plan that does not fit says what freeing them gives and the other ways out (:func:`a_advice`)."""
     root = pathlib.Path(os.path.expanduser(str(model_dir)))
     parts = parts or {}
     canvas = tuple(canvas) if canvas else default_canvas(root)
@@ -483,12 +493,36 @@ def plan_a(model_dir: str | os.PathLike, components: tuple[str, ...], dtype: str
     except Exception:  # noqa: BLE001
         channels = 128
     plan = MemoryPlan("A", dtype, comps, working_bytes_a(dtype, canvas, device, channels), avail, where,
-                      int(avail * margin_fraction()), canvas)
+                      int(avail * margin_fraction()), canvas, held_elsewhere=dict(held_elsewhere or {}))
     if not plan.fits and dtype == "float32":
         alt = plan_a(root, components, "bfloat16", device, canvas, avail, parts)
         if alt.need_bytes <= plan.usable_bytes:
             plan.options = [("bfloat16", alt.need_bytes)]
+    if not plan.fits:
+        plan.advice = a_advice(plan, "text_encoder" in parts)
     return plan
+
+
+#: the text encoder, bf16, at the released size (the README's plan arithmetic): the diffusers folder's, Comfy-Org's file
+RELEASED_TEXT_ENCODER_BYTES = {"folder": int(62.1 * 2**30), "comfy_org_file": int(48.0 * 2**30)}
+
+
+def a_advice(plan: MemoryPlan, text_encoder_from_file: bool) -> list[str]:
+    """The ways out of an A plan that does not fit, with figures: freeing each other holder (ComfyUI's models: its
+    Unload models button or ``POST /free``; A's DiT rank: ``parallel`` off), a smaller text-encoder file."""
+    short, out = plan.need_bytes - plan.usable_bytes, []
+    for name, held in ((n, h) for n, h in plan.held_elsewhere.items() if h > 0):
+        how = ("press ComfyUI's Unload models (POST /free {\"unload_models\": true})" if "ComfyUI" in name else
+               "set H3RemoteDiT.parallel to off (A's DiT rank leaves A)" if "rank" in name else f"free {name}")
+        out.append(f"{how}: frees {human(held)}, " + ("then it fits" if held >= short else
+                                                       f"still {human(short - held)} short"))
+    if not text_encoder_from_file:
+        saved = RELEASED_TEXT_ENCODER_BYTES["folder"] - RELEASED_TEXT_ENCODER_BYTES["comfy_org_file"]
+        out.append("a smaller text-encoder file: H3LoadEncoders.text_encoder = Comfy-Org's qwen3vl_32b_minimax_h3_*"
+                   f" (50 layers: {human(saved)} less than the folder's at bf16, released size)")
+    if not any("rank" in n for n in plan.held_elsewhere):
+        out.append("parallel off on H3RemoteDiT, so no DiT rank shares A's memory")
+    return out
 
 
 #: the video VAE's modules a decode never uses; B frees them after loading (its split-decode share only decodes)

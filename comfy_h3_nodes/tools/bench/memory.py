@@ -77,8 +77,25 @@ def run_memory(ckpt=None, log=print) -> dict:
                  f"real fp8-both / bf16-one = {ratio:.3f} (goal <= {GOALS['fp8_both_vs_bf16_one']}): "
                  f"{'met' if ratio <= GOALS['fp8_both_vs_bf16_one'] else 'NOT met'}")
     lines.append("  " + a_room(plans["pruned-fp8-both"]["real_planned_bytes"] // 2))
+    lines.append("  " + a_beside_comfyui(int(66.3e9)))
     log("memory plans (B's transformer partitions):\n" + "\n".join(lines))
     return {"plans": plans}
+
+
+def _released_a_parts() -> dict:
+    fake = {"model.layers.49.self_attn.q_proj.weight": formats.TensorInfo("model.layers.49.self_attn.q_proj.weight",
+                                                                         (8192, 5120), "BF16", 0)}
+    return {c: comfy_files.PartSource(c, pathlib.Path(f"<released {c}>"), fake if c == "text_encoder" else {},
+                                      config_root=comfy_files.SHIPPED) for c in ("text_encoder", "vae", "audio_vae")}
+
+
+def a_beside_comfyui(comfy_bytes: int) -> str:
+    """A's plan at the released size when ComfyUI's own loaded models already hold ``comfy_bytes`` of a Spark (e.g.
+    its own H3 DiT file, bf16, 66.3 GB): counted besides the free memory, refused with the ways out."""
+    parts = _released_a_parts()
+    plan = mp.plan_a(formats.RELEASED_CONFIG_DIR, tuple(parts), "bfloat16", "cuda", limit_bytes=SPARK - comfy_bytes,
+                     parts=parts, held_elsewhere={"ComfyUI's loaded models": comfy_bytes})
+    return f"A beside ComfyUI's own models ({mp.human(comfy_bytes)}): {plan.summary()}"
 
 
 def a_room(partition_bytes: int) -> str:
