@@ -8,6 +8,7 @@ import json
 import pytest
 
 from comfy_h3_nodes.engine.model import memory_plan as mp
+from comfy_h3_nodes.engine.model import released_sizes
 from comfy_h3_nodes.engine.contract.configs import MODEL_COMPONENTS_A
 from comfy_h3_nodes.engine.model import split
 
@@ -17,7 +18,7 @@ SPARK = 121 * GIB  # about what a DGX Spark has usable (shared/design.md section
 
 @pytest.fixture(scope="module")
 def real():
-    return {"single_file": mp.real_sources("single_file"), "gguf": mp.real_sources("gguf", "Q8_0")}
+    return {"single_file": released_sizes.real_sources("single_file"), "gguf": released_sizes.real_sources("gguf", "Q8_0")}
 
 
 def test_real_size_resident_bytes(real):

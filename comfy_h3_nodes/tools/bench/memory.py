@@ -13,7 +13,7 @@ import ray
 from remote_worker.actor import start_dit
 
 from ...engine.contract.configs import BConfig
-from ...engine.model import comfy_files, formats
+from ...engine.model import comfy_files, formats, released_sizes
 from ...engine.model import memory_plan as mp
 from ...engine.model.tiny import build_tiny_checkpoint
 from ...engine.model.tiny_comfy import fixture
@@ -44,8 +44,8 @@ def run_memory(ckpt=None, log=print) -> dict:
     the plan predicted before loading, and the plan at the released model's size (resident weights only; working
     memory is reported apart, it is an estimate and not part of the comparison)."""
     ckpt = _formats_checkpoint(ckpt)
-    real = {"folder": mp.real_sources("single_file"), "gguf": mp.real_sources("gguf", "Q8_0"),
-            "pruned-fp8": mp.real_sources("pruned-fp8")}
+    real = {"folder": released_sizes.real_sources("single_file"), "gguf": released_sizes.real_sources("gguf", "Q8_0"),
+            "pruned-fp8": released_sizes.real_sources("pruned-fp8")}
     plans, lines = {}, []
     for label, (precision, residency, kind) in MEMORY_PLANS.items():
         sources = ({p: str(ckpt / "gguf" / f"{p}-Q8_0.gguf") for p in ("transformer", "transformer_ref")}
