@@ -202,18 +202,22 @@ class H3RemoteDenoise:
             bar.close()
         records = named_by_host(job.records, b_host(ex))
         extra = schedule_extra(records, params.steps) | {"total_s": time.perf_counter() - t0,
-                                                         "preview": preview_readout(records, preview_note)}
+                                                         "preview": preview_readout(records, preview_note, spec)}
         kept = events.kept()
         ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra,
                     ui={"images": kept} if kept else None)
         return {"ui": ui, "result": ([job],)}
 
 
-def preview_readout(records: list[StageRecord], note: str) -> dict:
-    """What the previews were: B's count, cost and bytes (from its denoise record), or why there were none."""
+def preview_readout(records: list[StageRecord], note: str, spec=None) -> dict:
+    """What the previews were: B's count, cost and bytes (from its denoise record), or why there were none; with
+    ``fallback`` (the node shows it beside the count) when B sent latent2rgb previews although ComfyUI's method asked
+    for a decoder A does not have (the only case a latent2rgb spec comes with a note)."""
     den = next(r for r in records if r.stage == "denoise")
     made = (den.info or {}).get("preview") or {}
     out = {"note": note, **made}
+    if spec is not None and spec.method == "latent2rgb" and note:
+        out["fallback"] = note
     if made and den.steps:
         out["share_of_step"] = made["cost_s"] / max(made["count"], 1) / (sum(den.steps) / len(den.steps))
     return out
