@@ -160,6 +160,8 @@ class H3RemoteDenoise:
             return await self._one(ex, conds[0], params[0], unique_id)
         batch = Batch([], BatchProgress(n, max(p.steps for p in params) - 1))
         index = {}
+        slots = Slots(int(one(max_in_flight) or 2))
+        preview = {"note": batch_preview_note(n, slots.n)}
         on_step = step_events(unique_id, batch=lambda rid: (index[rid] + 1, n))
 
         def stepped(ev):
@@ -171,14 +173,15 @@ class H3RemoteDenoise:
         def done(job):  # the executor's thread: the request's latents are on A
             LATE.add(job.request_id, report(
                 "H3RemoteDenoise", unique_id, named_by_host(job.records, b_host(ex)), "denoise",
-                extra=schedule_extra(job.records, job.params.steps) | {"batch": [index[job.request_id] + 1, n]}))
+                extra=schedule_extra(job.records, job.params.steps) | {"batch": [index[job.request_id] + 1, n],
+                                                                       "preview": preview}))
 
-        slots = Slots(int(one(max_in_flight) or 2))
         for i, (cond, p) in enumerate(zip(conds, params)):
             job = ex.submit_denoise(cond, p, stepped, slots, done)
             job.batch, index[job.request_id] = batch, i
             batch.jobs.append(job)
-        host().progress_text(f"{n} requests in flight to B, at most {slots.n} at a time", unique_id)
+        host().progress_text(f"{n} requests in flight to B, at most {slots.n} at a time; {preview['note']}",
+                             unique_id)
         return {"ui": {}, "result": (batch.jobs,)}
 
     async def _one(self, ex, cond, params, unique_id):
@@ -207,6 +210,17 @@ class H3RemoteDenoise:
         ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra,
                     ui={"images": kept} if kept else None)
         return {"ui": ui, "result": ([job],)}
+
+
+def batch_preview_note(n: int, in_flight: int) -> str:
+    """Why a batch shows no previews (the readout and the node's text say it): its requests run on B after this node
+    returned, several at a time, so no live preview belongs on the node; a single prompt gets them. With ComfyUI's
+    previews off, that reason instead."""
+    spec, note = preview_spec(VIDEO_LATENT_CHANNELS)
+    if spec is None:
+        return note
+    return (f"no previews for a batch of {n}: its requests run on B after this node returned, up to {in_flight} at "
+            "a time; a single prompt gets live previews")
 
 
 def preview_readout(records: list[StageRecord], note: str, spec=None) -> dict:

@@ -74,6 +74,20 @@ test("--preview-method taesd without taeh3: the node says latent2rgb ran, what w
   assert.equal(text.match(/taesd asked/g).length, 1);
 });
 
+test("a batch's denoise readout says why it has no previews", () => {
+  const why = "no previews for a batch of 3: its requests run on B after this node returned, up to 2 at a time; " +
+              "a single prompt gets live previews";
+  const store = new H3Store();
+  const den = { request_id: "r2", stage: "denoise", machine: "B", node: "b", start: 10, end: 12, compute_s: 2,
+                steps: [1, 1] };
+  store.ingestTiming({ ...timing("H3RemoteDenoise", "5", [den], {
+    machine: "B", steps_done: 2, steps_total: 2, schedule: "3 sigma points on transformer (float32, sdpa): 2 forwards",
+    preview: { note: why }, batch: [2, 3] }, "r2") });
+  const text = readoutText(readoutModel(store, "5"));
+  assert.ok(text.includes(why), text);
+  assert.match(text, /request 2 of 3/);
+});
+
 test("a running denoise: forward k of n with sigma points, the newest preview, its place in a batch", () => {
   const store = new H3Store();
   for (const step of [1, 2]) {
