@@ -102,6 +102,28 @@ def test_batch_is_bit_identical_to_single_runs_and_overlaps_a_and_b(batch_b, exe
         assert sorted(t["request_id"] for t in kept if t["node_type"] == kind) == sorted(rids), kind
 
 
+def test_a_batch_says_on_the_denoise_node_why_it_has_no_previews(batch_b, local_host):
+    """ComfyUI's previews on and a batch: B makes none for its requests, and H3RemoteDenoise says why (its text while
+    the requests run, and each request's readout); with previews off, the readout says that instead."""
+    enc, ex = batch_b
+    local_host.preview, local_host.factors = "latent2rgb", ([[0.1, 0.2, 0.3]] * 24, [0.0, 0.0, 0.0], "test")
+    try:
+        start = len(local_host.events)
+        _run_batch(enc, ex, PROMPTS[:2], SEEDS[:2], steps=2)
+        events = local_host.events[start:]
+    finally:
+        local_host.preview, local_host.factors = "none", None
+    why = "no previews for a batch of 2: its requests run on B after this node returned, up to 2 at a time"
+    dens = [d for e, d in events if e == "h3.timing" and d["node_type"] == "H3RemoteDenoise"]
+    assert len(dens) == 2 and all(d["summary"]["preview"]["note"].startswith(why) for d in dens), dens
+    assert not [d for e, d in events if e == "h3.preview"]
+    assert any(why in str(d) for e, d in events if e != "h3.timing"), [e for e, _ in events]  # the node's text
+    start = len(local_host.events)
+    _run_batch(enc, ex, PROMPTS[:2], SEEDS[:2], steps=2)
+    dens = [d for e, d in local_host.events[start:] if e == "h3.timing" and d["node_type"] == "H3RemoteDenoise"]
+    assert [d["summary"]["preview"]["note"] for d in dens] == ["previews off (ComfyUI's preview method is none)"] * 2
+
+
 def test_a_bad_prompt_is_refused_before_anything_runs(batch_b, local_host):
     enc, _ = batch_b
     start = len(local_host.events)

@@ -194,6 +194,24 @@ def test_b_sends_its_latent_frame_when_a_decodes_previews():
     assert np.array_equal(pv.latent, x0.half().numpy())
 
 
+def test_taesd_without_taeh3_says_on_the_node_that_latent2rgb_ran_and_why(previewing, executor, tiny_ckpt):
+    """``--preview-method taesd`` and no taeh3 file in vae_approx: B sends latent2rgb previews, and the summary the
+    node shows carries the fallback (what ran, what was asked, the missing file) beside the count, not only a note."""
+    previewing.preview = "taesd"
+    try:
+        N, _enc, dit, cond = _graph(executor, tiny_ckpt)
+        out = asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 5, 6, unique_id="5"))
+    finally:
+        previewing.preview = "latent2rgb"
+    summary = out["ui"]["h3_timing"][0]["summary"]["preview"]
+    assert summary["count"] >= 1 and summary["size"] == [32, 32]
+    assert summary["fallback"] == ("previews: latent2rgb (taesd asked, no taeh3.safetensors in ComfyUI's "
+                                   "vae_approx)") == summary["note"]
+    # latent2rgb asked for: no fallback to explain
+    out = asyncio.run(N.H3RemoteDenoise().denoise(dit, cond, 5, 6, unique_id="5"))
+    assert "fallback" not in out["ui"]["h3_timing"][0]["summary"]["preview"]
+
+
 @pytest.fixture
 def decoding(previewing):
     """The local host with a preview decoder (what ComfyHost finds as taeh3 in vae_approx): latent2rgb of the frame

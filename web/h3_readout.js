@@ -55,13 +55,15 @@ export function forwardsDoneText(done, forwards) {
   return n === null ? "" : `${n} forwards (${n + 1} sigma points)`;
 }
 
-/** What the previews of a finished denoise were (`summary.preview`), or why there were none. */
+/** What the previews of a finished denoise were (`summary.preview`), or why there were none; led by the method that
+ * ran and why (`fallback`) when it is not the one ComfyUI's preview method asked for. */
 export function previewText(p) {
   if (!p || typeof p !== "object") return null;
   const count = num(p.count);
+  const fallback = typeof p.fallback === "string" && p.fallback ? p.fallback : null;
   if (count !== null && count > 0) {
     const size = Array.isArray(p.size) && p.size.length === 2 ? `${p.size[0]}x${p.size[1]} ` : "";
-    const bits = [`previews: ${count} × ${size}JPEG`];
+    const bits = [`${fallback ? `${fallback}: ` : "previews: "}${count} × ${size}JPEG`];
     if (num(p.bytes) !== null) bits.push(`${fmtBytes(p.bytes)} each`);
     if (num(p.share_of_step) !== null) bits.push(`${fmtPercent(p.share_of_step)} of a forward on B`);
     else if (num(p.cost_s) !== null) bits.push(`${fmtSeconds(p.cost_s)} on B in all`);
@@ -299,7 +301,7 @@ function denoiseLines(model, lines, timing, summary, total, warnShare, titles) {
   const preview = previewText(s.preview);
   if (preview) {
     lines.push([detail(preview, "preview", "h3-preview")]);
-    if (s.preview?.note && s.preview.note !== preview) titles.push(s.preview.note);
+    if (s.preview?.note && !preview.includes(s.preview.note)) titles.push(s.preview.note);
   }
 }
 

@@ -320,6 +320,12 @@ def step_events(unique_id, bar=None, batch: Callable | None = None, on_cancel: C
 
 
 # ------------------------------------------------------------------------------------------------ previews
+def fallback_note(method: str) -> str:
+    """The readout's words when B previews with latent2rgb although ComfyUI's method asked for a decoder: what runs,
+    what was asked, why, and (in the words) where the missing file goes."""
+    return f"previews: latent2rgb ({method} asked, no taeh3.safetensors in ComfyUI's vae_approx)"
+
+
 def preview_spec(latent_channels: int) -> tuple[PreviewSpec | None, str]:
     """How B previews a request, from the host's preview method (ComfyUI's setting) and its latent-to-RGB factors
     for H3: ``(spec or None, a sentence for the readout)``. ``none`` means none; factors for another number of latent
@@ -341,9 +347,7 @@ def preview_spec(latent_channels: int) -> tuple[PreviewSpec | None, str]:
         note = f"preview method taesd: B sends its latent frame, A decodes it with {source}"
     else:
         kind = "latent2rgb"
-        note = "" if method in ("auto", "latent2rgb") else (
-            f"preview method {method}: no H3 preview decoder (taeh3) in ComfyUI's vae_approx folder, so B sends "
-            "latent2rgb previews")
+        note = "" if method in ("auto", "latent2rgb") else fallback_note(method)
     spec = PreviewSpec(kind, tuple(tuple(float(v) for v in row) for row in factors),
                        tuple(float(v) for v in bias), max_side=max(16, min(h.preview_size(), PREVIEW_MAX_SIDE)),
                        source=source)

@@ -172,6 +172,8 @@ class H3RemoteDenoise:
             return await self._one(ex, conds[0], params[0], unique_id)
         batch = Batch([], BatchProgress(n, max(p.steps for p in params) - 1))
         index = {}
+        slots = Slots(int(one(max_in_flight) or 2))
+        preview = {"note": batch_preview_note(n, slots.n)}
         on_step = step_events(unique_id, batch=lambda rid: (index[rid] + 1, n))
 
         def stepped(ev):
@@ -183,14 +185,15 @@ class H3RemoteDenoise:
         def done(job):  # the executor's thread: the request's latents are on A
             LATE.add(job.request_id, report(
                 "H3RemoteDenoise", unique_id, named_by_host(job.records, b_host(ex)), "denoise",
-                extra=schedule_extra(job.records, job.params.steps) | {"batch": [index[job.request_id] + 1, n]}))
+                extra=schedule_extra(job.records, job.params.steps) | {"batch": [index[job.request_id] + 1, n],
+                                                                       "preview": preview}))
 
-        slots = Slots(int(one(max_in_flight) or 2))
         for i, (cond, p) in enumerate(zip(conds, params)):
             job = ex.submit_denoise(cond, p, stepped, slots, done)
             job.batch, index[job.request_id] = batch, i
             batch.jobs.append(job)
-        host().progress_text(f"{n} requests in flight to B, at most {slots.n} at a time", unique_id)
+        host().progress_text(f"{n} requests in flight to B, at most {slots.n} at a time; {preview['note']}",
+                             unique_id)
         return {"ui": {}, "result": (batch.jobs,)}
 
     async def _one(self, ex, cond, params, unique_id):
@@ -217,18 +220,33 @@ class H3RemoteDenoise:
             h.hold_a_rank(*held)
         records = named_by_host(job.records, b_host(ex))
         extra = schedule_extra(records, params.steps) | {"total_s": time.perf_counter() - t0,
-                                                         "preview": preview_readout(records, preview_note)}
+                                                         "preview": preview_readout(records, preview_note, spec)}
         kept = events.kept()
         ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra,
                     ui={"images": kept} if kept else None)
         return {"ui": ui, "result": ([job],)}
 
 
-def preview_readout(records: list[StageRecord], note: str) -> dict:
-    """What the previews were: B's count, cost and bytes (from its denoise record), or why there were none."""
+def batch_preview_note(n: int, in_flight: int) -> str:
+    """Why a batch shows no previews (the readout and the node's text say it): its requests run on B after this node
+    returned, several at a time, so no live preview belongs on the node; a single prompt gets them. With ComfyUI's
+    previews off, that reason instead."""
+    spec, note = preview_spec(VIDEO_LATENT_CHANNELS)
+    if spec is None:
+        return note
+    return (f"no previews for a batch of {n}: its requests run on B after this node returned, up to {in_flight} at "
+            "a time; a single prompt gets live previews")
+
+
+def preview_readout(records: list[StageRecord], note: str, spec=None) -> dict:
+    """What the previews were: B's count, cost and bytes (from its denoise record), or why there were none; with
+    ``fallback`` (the node shows it beside the count) when B sent latent2rgb previews although ComfyUI's method asked
+    for a decoder A does not have (the only case a latent2rgb spec comes with a note)."""
     den = next(r for r in records if r.stage == "denoise")
     made = (den.info or {}).get("preview") or {}
     out = {"note": note, **made}
+    if spec is not None and spec.method == "latent2rgb" and note:
+        out["fallback"] = note
     if made and den.steps:
         out["share_of_step"] = made["cost_s"] / max(made["count"], 1) / (sum(den.steps) / len(den.steps))
     return out

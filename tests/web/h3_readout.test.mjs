@@ -57,6 +57,37 @@ test("H3RemoteDenoise: schedule and previews complete, the count said once, no '
   assert.equal(text.match(/sigma points/g).length, 1);
 });
 
+test("--preview-method taesd without taeh3: the node says latent2rgb ran, what was asked and why", () => {
+  const fallback = "previews: latent2rgb (taesd asked, no taeh3.safetensors in ComfyUI's vae_approx)";
+  assert.equal(previewText({ note: fallback, fallback, count: 4, bytes: 1024, size: [32, 32], every: 1, cost_s: 0.02 }),
+               `${fallback}: 4 × 32x32 JPEG, 1.0 KiB each, 20 ms on B in all`);
+  assert.equal(previewText({ note: fallback, fallback, count: 0 }), fallback);  // none made: still said
+  const store = new H3Store();
+  const den = { request_id: "r1", stage: "denoise", machine: "B", node: "b", start: 10, end: 13, compute_s: 3,
+                steps: [1, 1, 1] };
+  store.ingestTiming({ ...timing("H3RemoteDenoise", "5", [den], {
+    machine: "B", steps_done: 3, steps_total: 3, schedule: "4 sigma points on transformer (bfloat16, sdpa): 3 forwards",
+    preview: { note: fallback, fallback, count: 3, cost_s: 0.01, every: 1, bytes: 5632, size: [104, 60] } }, "r1") });
+  const model = readoutModel(store, "5");
+  const text = readoutText(model);
+  assert.match(text, /previews: latent2rgb \(taesd asked, no taeh3\.safetensors in ComfyUI's vae_approx\): 3 × 104x60/);
+  assert.equal(text.match(/taesd asked/g).length, 1);
+});
+
+test("a batch's denoise readout says why it has no previews", () => {
+  const why = "no previews for a batch of 3: its requests run on B after this node returned, up to 2 at a time; " +
+              "a single prompt gets live previews";
+  const store = new H3Store();
+  const den = { request_id: "r2", stage: "denoise", machine: "B", node: "b", start: 10, end: 12, compute_s: 2,
+                steps: [1, 1] };
+  store.ingestTiming({ ...timing("H3RemoteDenoise", "5", [den], {
+    machine: "B", steps_done: 2, steps_total: 2, schedule: "3 sigma points on transformer (float32, sdpa): 2 forwards",
+    preview: { note: why }, batch: [2, 3] }, "r2") });
+  const text = readoutText(readoutModel(store, "5"));
+  assert.ok(text.includes(why), text);
+  assert.match(text, /request 2 of 3/);
+});
+
 test("a running denoise: forward k of n with sigma points, the newest preview, its place in a batch", () => {
   const store = new H3Store();
   for (const step of [1, 2]) {
