@@ -1388,7 +1388,12 @@ def _first_step_s(messages, pid) -> float:
 def test_memory_free_releases_a_models_and_the_next_run_reloads_the_same_video(comfyui, tiny_ckpt):
     """``POST /free`` (what ComfyUI's *Free model and node cache* button sends) reaches the pack's A-side models
     through ComfyUI's model management: /h3/status shows A holding nothing, the process gives the memory back, the
-    next run reloads them (its readout says so) and makes the same video; B is not touched."""
+    next run reloads them (its readout says so) and makes the same video; B is not touched. ComfyUI's own H3 graph
+    runs first, so its models are among ComfyUI's loaded ones and become garbage when the next prompt replaces
+    ComfyUI's cache: the pack's release inside ComfyUI's unload loop must not collect them there (a collection ran
+    their finalizers, which changed ComfyUI's list under its loop and killed the prompt worker)."""
+    pid, messages, _ = asyncio.run(_run(comfyui, _native_h3_prompt()))
+    _ok(messages, pid)
     api, ui = _prompt(tiny_ckpt, steps=3, seed=11)
     pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
     _ok(messages, pid)

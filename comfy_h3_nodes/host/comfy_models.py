@@ -93,8 +93,8 @@ class H3PartPatcher(comfy.model_patcher.ModelPatcher):
     def detach(self, unpatch_all=True):
         # ComfyUI detaches with unpatch_all=False when it re-registers a model it already tracks (load_models_gpu's
         # clone pass) or drops a patcher: only a real unload (unpatch_all=True) releases the weights
-        if unpatch_all:
-            self.side.release((self.component,), cause=CAUSE)
+        if unpatch_all:  # no garbage collection here: ComfyUI runs one after its unload (see ASide.release)
+            self.side.release((self.component,), cause=CAUSE, collect=False)
         return self.model
 
 

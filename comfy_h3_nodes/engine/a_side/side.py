@@ -108,9 +108,12 @@ class ASide:
                 out[name] = int(sum(tensor_nbytes(t) for t in (*model.parameters(), *model.buffers())))
         return out
 
-    def release(self, components: tuple | list | None = None, cause: str = "a release") -> dict[str, int]:
+    def release(self, components: tuple | list | None = None, cause: str = "a release",
+                collect: bool = True) -> dict[str, int]:
         """Drop ``components`` (default: the text encoder and both VAEs) after any encode or decode using them;
-        returns the bytes each held. The next use reloads them (:meth:`ensure`)."""
+        returns the bytes each held. The next use reloads them (:meth:`ensure`). ``collect=False`` leaves the garbage
+        collection to the caller: ComfyUI unloads inside a loop over its loaded models, and a collection there runs
+        the finalizers of other models it tracks, which change that list under the loop."""
         names = tuple(components) if components else MODEL_COMPONENTS_A
         bad = sorted(set(names) - set(MODEL_COMPONENTS_A))
         if bad:
@@ -126,7 +129,8 @@ class ASide:
             if freed:
                 self._pipes.clear()  # they hold the components too
                 self._accepts.clear()
-                gc.collect()
+                if collect:
+                    gc.collect()
                 if self.device.startswith("cuda"):
                     torch.cuda.empty_cache()
         return freed
