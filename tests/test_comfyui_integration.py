@@ -438,6 +438,69 @@ def test_pack_loads_with_nodes_web_files_and_routes(comfyui):
     assert isinstance(json.loads(body)["records"], list)
 
 
+# ------------------------------------------------------------------------------------------------ ComfyUI's own H3
+def _native_h3_prompt(steps: int = 3, width: int = 64, height: int = 64, length: int = 22, seed: int = 1,
+                      sampler: str = "euler", prompt: str = "a red fox runs through snow, wind howls") -> dict:
+    """ComfyUI's own H3 graph (the shape of its ``video_minimax_h3_t2v`` template's subgraph: UNETLoader,
+    MiniMaxH3ImageToVideo, RandomNoise, BasicGuider, KSamplerSelect, BasicScheduler, SamplerCustomAdvanced, VAEDecode,
+    VAEDecodeAudio, CreateVideo, SaveVideo) in API format, on A alone. Only the loaders of the text encoder and the
+    VAEs differ: ComfyUI's CLIPLoader and VAELoader build those at their released sizes, so the test-only nodes of
+    tests/comfyui_test_nodes give ComfyUI's own classes at a tiny size (random weights, fixed seed) instead."""
+    return {
+        "1": {"class_type": "H3TestTinyCLIP", "inputs": {"seed": 0}},
+        "2": {"class_type": "H3TestTinyVAE", "inputs": {"kind": "video", "seed": 0}},
+        "3": {"class_type": "H3TestTinyVAE", "inputs": {"kind": "audio", "seed": 0}},
+        "4": {"class_type": "UNETLoader", "inputs": {"unet_name": NATIVE_DIT, "weight_dtype": "default"}},
+        "5": {"class_type": "MiniMaxH3ImageToVideo", "inputs": {"clip": ["1", 0], "vae": ["2", 0], "prompt": prompt,
+                                                                 "width": width, "height": height, "length": length}},
+        "6": {"class_type": "RandomNoise", "inputs": {"noise_seed": seed}},
+        "7": {"class_type": "BasicGuider", "inputs": {"model": ["4", 0], "conditioning": ["5", 0]}},
+        "8": {"class_type": "KSamplerSelect", "inputs": {"sampler_name": sampler}},
+        "9": {"class_type": "BasicScheduler", "inputs": {"model": ["4", 0], "scheduler": "simple", "steps": steps,
+                                                          "denoise": 1.0}},
+        "10": {"class_type": "SamplerCustomAdvanced", "inputs": {"noise": ["6", 0], "guider": ["7", 0],
+                                                                 "sampler": ["8", 0], "sigmas": ["9", 0],
+                                                                 "latent_image": ["5", 1]}},
+        "11": {"class_type": "VAEDecode", "inputs": {"samples": ["10", 0], "vae": ["2", 0]}},
+        "12": {"class_type": "VAEDecodeAudio", "inputs": {"samples": ["10", 0], "vae": ["3", 0]}},
+        "13": {"class_type": "CreateVideo", "inputs": {"images": ["11", 0], "fps": 24.0, "audio": ["12", 0]}},
+        "14": {"class_type": "SaveVideo", "inputs": {"video": ["13", 0], "filename_prefix": "video/h3_native",
+                                                      "format": "auto", "codec": "auto"}},
+    }
+
+
+def test_comfyuis_own_h3_graph_runs_to_a_video_beside_the_pack(comfyui):
+    """With the pack installed, ComfyUI's own H3 nodes still load, and ComfyUI's own H3 graph runs in the same
+    ComfyUI, in one process, on A alone, to an H.264 + AAC MP4: core's UNETLoader detects the tiny Comfy-Org-layout
+    DiT file of the pack's tiny builder from its keys, and ComfyUI's sampler, VAEDecode, VAEDecodeAudio, CreateVideo
+    and SaveVideo do the rest. This graph is the baseline the same graph with its DiT on B is compared with."""
+    status, _, body = asyncio.run(_get(comfyui, "/object_info"))
+    info = json.loads(body)
+    for name in CORE_H3_NODES:
+        assert name in info and info[name]["python_module"] == "comfy_extras.nodes_minimax_h3", (name, info.get(name))
+    assert NATIVE_DIT in info["UNETLoader"]["input"]["required"]["unet_name"][0]
+    log = comfyui.log.read_text(errors="replace")
+    assert "did not import correctly" not in log, comfyui.log_tail()
+
+    api = _native_h3_prompt()
+    pid, messages, entry = asyncio.run(_run(comfyui, api))
+    errors = _of(messages, "execution_error", pid)
+    assert not errors, f"{errors[0].get('exception_message')}\n{''.join(errors[0].get('traceback', []))}"
+    assert entry["status"]["status_str"] == "success"
+    ran = {d["node"] for d in _of(messages, "executing", pid) if d["node"] is not None}
+    assert {"4", "5", "10", "11", "12", "13", "14"} <= ran, ran
+    assert not _of(messages, "h3.timing", pid), "the pack took part in ComfyUI's own graph"
+    bar = [d for d in _of(messages, "progress", pid) if d["node"] == "10"]  # ComfyUI's own sampler progress
+    assert bar and bar[-1]["value"] == bar[-1]["max"] == 3, bar
+    (video,) = entry["outputs"]["14"]["images"]
+    mp4 = comfyui.output / video["subfolder"] / video["filename"]
+    facts = _mp4_facts(mp4)
+    assert facts["codecs"] == {"video": "h264", "audio": "aac"}, facts["codecs"]
+    assert (facts["width"], facts["height"], facts["frames"]) == (64, 64, 22), facts
+    assert facts["audio_samples"] > 0
+    assert json.loads(facts["meta"]["prompt"])["4"]["inputs"]["unet_name"] == NATIVE_DIT
+
+
 # ------------------------------------------------------------------------------------------------ templates
 def _template(name: str) -> tuple[dict, dict]:
     """A shipped template as ``(api prompt, UI workflow)``, exactly as in example_workflows/."""
@@ -851,69 +914,6 @@ def test_interrupt_stops_denoise_and_next_prompt_runs(comfyui, tiny_ckpt):
     assert entry["status"]["status_str"] == "success"
 
 
-# ------------------------------------------------------------------------------------------------ ComfyUI's own H3
-def _native_h3_prompt(steps: int = 3, width: int = 64, height: int = 64, length: int = 22, seed: int = 1,
-                      sampler: str = "euler", prompt: str = "a red fox runs through snow, wind howls") -> dict:
-    """ComfyUI's own H3 graph (the shape of its ``video_minimax_h3_t2v`` template's subgraph: UNETLoader,
-    MiniMaxH3ImageToVideo, RandomNoise, BasicGuider, KSamplerSelect, BasicScheduler, SamplerCustomAdvanced, VAEDecode,
-    VAEDecodeAudio, CreateVideo, SaveVideo) in API format, on A alone. Only the loaders of the text encoder and the
-    VAEs differ: ComfyUI's CLIPLoader and VAELoader build those at their released sizes, so the test-only nodes of
-    tests/comfyui_test_nodes give ComfyUI's own classes at a tiny size (random weights, fixed seed) instead."""
-    return {
-        "1": {"class_type": "H3TestTinyCLIP", "inputs": {"seed": 0}},
-        "2": {"class_type": "H3TestTinyVAE", "inputs": {"kind": "video", "seed": 0}},
-        "3": {"class_type": "H3TestTinyVAE", "inputs": {"kind": "audio", "seed": 0}},
-        "4": {"class_type": "UNETLoader", "inputs": {"unet_name": NATIVE_DIT, "weight_dtype": "default"}},
-        "5": {"class_type": "MiniMaxH3ImageToVideo", "inputs": {"clip": ["1", 0], "vae": ["2", 0], "prompt": prompt,
-                                                                 "width": width, "height": height, "length": length}},
-        "6": {"class_type": "RandomNoise", "inputs": {"noise_seed": seed}},
-        "7": {"class_type": "BasicGuider", "inputs": {"model": ["4", 0], "conditioning": ["5", 0]}},
-        "8": {"class_type": "KSamplerSelect", "inputs": {"sampler_name": sampler}},
-        "9": {"class_type": "BasicScheduler", "inputs": {"model": ["4", 0], "scheduler": "simple", "steps": steps,
-                                                          "denoise": 1.0}},
-        "10": {"class_type": "SamplerCustomAdvanced", "inputs": {"noise": ["6", 0], "guider": ["7", 0],
-                                                                 "sampler": ["8", 0], "sigmas": ["9", 0],
-                                                                 "latent_image": ["5", 1]}},
-        "11": {"class_type": "VAEDecode", "inputs": {"samples": ["10", 0], "vae": ["2", 0]}},
-        "12": {"class_type": "VAEDecodeAudio", "inputs": {"samples": ["10", 0], "vae": ["3", 0]}},
-        "13": {"class_type": "CreateVideo", "inputs": {"images": ["11", 0], "fps": 24.0, "audio": ["12", 0]}},
-        "14": {"class_type": "SaveVideo", "inputs": {"video": ["13", 0], "filename_prefix": "video/h3_native",
-                                                      "format": "auto", "codec": "auto"}},
-    }
-
-
-def test_comfyuis_own_h3_graph_runs_to_a_video_beside_the_pack(comfyui):
-    """With the pack installed, ComfyUI's own H3 nodes still load, and ComfyUI's own H3 graph runs in the same
-    ComfyUI, in one process, on A alone, to an H.264 + AAC MP4: core's UNETLoader detects the tiny Comfy-Org-layout
-    DiT file of the pack's tiny builder from its keys, and ComfyUI's sampler, VAEDecode, VAEDecodeAudio, CreateVideo
-    and SaveVideo do the rest. This graph is the baseline the same graph with its DiT on B is compared with."""
-    status, _, body = asyncio.run(_get(comfyui, "/object_info"))
-    info = json.loads(body)
-    for name in CORE_H3_NODES:
-        assert name in info and info[name]["python_module"] == "comfy_extras.nodes_minimax_h3", (name, info.get(name))
-    assert NATIVE_DIT in info["UNETLoader"]["input"]["required"]["unet_name"][0]
-    log = comfyui.log.read_text(errors="replace")
-    assert "did not import correctly" not in log, comfyui.log_tail()
-
-    api = _native_h3_prompt()
-    pid, messages, entry = asyncio.run(_run(comfyui, api))
-    errors = _of(messages, "execution_error", pid)
-    assert not errors, f"{errors[0].get('exception_message')}\n{''.join(errors[0].get('traceback', []))}"
-    assert entry["status"]["status_str"] == "success"
-    ran = {d["node"] for d in _of(messages, "executing", pid) if d["node"] is not None}
-    assert {"4", "5", "10", "11", "12", "13", "14"} <= ran, ran
-    assert not _of(messages, "h3.timing", pid), "the pack took part in ComfyUI's own graph"
-    bar = [d for d in _of(messages, "progress", pid) if d["node"] == "10"]  # ComfyUI's own sampler progress
-    assert bar and bar[-1]["value"] == bar[-1]["max"] == 3, bar
-    (video,) = entry["outputs"]["14"]["images"]
-    mp4 = comfyui.output / video["subfolder"] / video["filename"]
-    facts = _mp4_facts(mp4)
-    assert facts["codecs"] == {"video": "h264", "audio": "aac"}, facts["codecs"]
-    assert (facts["width"], facts["height"], facts["frames"]) == (64, 64, 22), facts
-    assert facts["audio_samples"] > 0
-    assert json.loads(facts["meta"]["prompt"])["4"]["inputs"]["unet_name"] == NATIVE_DIT
-
-
 # ------------------------------------------------------------------------------------------------ Comfy-Org's files
 def test_template_names_comfy_org_files_on_both_machines(comfyui):
     """ComfyUI lists the Comfy-Org files of its text_encoders and vae folders in H3LoadEncoders' pickers (by their
@@ -997,6 +997,289 @@ def test_comfy_org_files_match_comfyuis_own_modules(tmp_path, capsys):
             not name.endswith("vs_comfy_dequantised")
         tol = (INT8_KERNEL_TOL if int8_kernel else EXACT_TOL) * max(r["ref_max_abs"], 1.0)
         assert r["max_abs_diff"] <= tol, (name, r)
+
+
+# ------------------------------------------------------------------------------------------------ memory (issue 29)
+def _rss_mb(pid: int) -> float:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _status(server: ComfyUI) -> dict:
+    status, _, body = asyncio.run(_get(server, "/api/h3/status"))
+    assert status == 200, body[:300]
+    return json.loads(body)
+
+
+def _ok(messages, pid) -> None:
+    errors = _of(messages, "execution_error", pid)
+    assert not errors, f"{errors[0].get('exception_message')}\n{''.join(errors[0].get('traceback', []))}"
+    assert _of(messages, "execution_success", pid)
+
+
+def _frames(path: pathlib.Path):
+    import av
+    import numpy as np
+
+    with av.open(str(path)) as c:
+        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])])
+
+
+def _video_of(server: ComfyUI, entry: dict) -> pathlib.Path:
+    (video,) = entry["outputs"]["7"]["images"]
+    return server.output / video["subfolder"] / video["filename"]
+
+
+def _first_step_s(messages, pid) -> float:
+    (den,) = [d for d in _of(messages, "h3.timing", pid) if d["node"] == "5"]
+    stage = next(s for s in den["stages"] if s["stage"] == "denoise")
+    return float(stage["steps"][0])
+
+
+def test_memory_free_releases_a_models_and_the_next_run_reloads_the_same_video(comfyui, tiny_ckpt):
+    """``POST /free`` (what ComfyUI's *Free model and node cache* button sends) reaches the pack's A-side models
+    through ComfyUI's model management: /h3/status shows A holding nothing, the process gives the memory back, the
+    next run reloads them (its readout says so) and makes the same video; B is not touched. ComfyUI's own H3 graph
+    runs first, so its models are among ComfyUI's loaded ones and become garbage when the next prompt replaces
+    ComfyUI's cache: the pack's release inside ComfyUI's unload loop must not collect them there (a collection ran
+    their finalizers, which changed ComfyUI's list under its loop and killed the prompt worker)."""
+    pid, messages, _ = asyncio.run(_run(comfyui, _native_h3_prompt()))
+    _ok(messages, pid)
+    api, ui = _prompt(tiny_ckpt, steps=3, seed=11)
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
+    _ok(messages, pid)
+    first = _frames(_video_of(comfyui, entry))
+    st = _status(comfyui)
+    (enc,) = [e for e in st["encoders"] if e["model_path"] == str(tiny_ckpt) and e["dtype"] == "float32"]
+    held = enc["total_bytes"]
+    assert set(enc["resident_bytes"]) == {"text_encoder", "vae", "audio_vae"} and held > 0, enc
+    b_before = {w["name"]: w["resident_bytes"] for w in st["workers"]}
+    rss_before = _rss_mb(comfyui.proc.pid)
+
+    t0 = time.monotonic()
+    _http_json(comfyui, "POST", "/free", {"unload_models": True, "free_memory": True})
+    while True:  # the prompt loop reads the flags as soon as /free wakes it
+        enc = next(e for e in _status(comfyui)["encoders"] if e["model_path"] == str(tiny_ckpt)
+                   and e["dtype"] == "float32")
+        if enc["total_bytes"] == 0 or time.monotonic() - t0 > 30:
+            break
+        time.sleep(0.25)
+    freed_s = time.monotonic() - t0
+    assert enc["total_bytes"] == 0 and enc["resident_bytes"] == {}, enc
+    assert enc["released"] == {c: "ComfyUI freed memory" for c in ("text_encoder", "vae", "audio_vae")}, enc
+    assert "released (ComfyUI freed memory)" in enc["resident"]["text_encoder"]
+    time.sleep(1.0)
+    rss_after = _rss_mb(comfyui.proc.pid)
+    st = _status(comfyui)
+    assert {w["name"]: w["resident_bytes"] for w in st["workers"]} == b_before  # /free never releases B
+
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
+    _ok(messages, pid)
+    timings = {d["node"]: d for d in _of(messages, "h3.timing", pid)}
+    note = timings["1"]["stages"][0]["note"]
+    assert "(reloaded after ComfyUI freed memory)" in note and note.startswith("A load "), note
+    again = _frames(_video_of(comfyui, entry))
+    assert again.shape == first.shape and (again == first).all(), "the reloaded A side made another video"
+    enc = next(e for e in _status(comfyui)["encoders"] if e["model_path"] == str(tiny_ckpt) and e["dtype"] == "float32")
+    assert enc["total_bytes"] == held and enc["released"] == {} and enc["reloads"] >= 1, enc
+    print(f"\n[h3 memory] /free: A held {held / 2**20:.2f} MiB (its own count), released in {freed_s:.2f} s; ComfyUI RSS "
+          f"{rss_before:.0f} -> {rss_after:.0f} MiB ({rss_before - rss_after:+.0f}); reload {note}")
+
+
+def test_memory_comfyuis_eviction_and_unload_release_a_models_like_its_own(tiny_ckpt, tmp_path):
+    """ComfyUI's own model management, in ComfyUI's Python: the pack's A-side models are among its loaded models;
+    ``free_memory`` (what ``load_models_gpu`` runs to make room for a model it loads) and ``unload_all_models`` (what
+    ``/free`` runs) release them as they release ComfyUI's own model; loading again reloads them. The figure A's plan
+    counts (ComfyUI's loaded models) is ComfyUI's own model's size."""
+    comfy_dir = pathlib.Path(os.environ["COMFYUI_DIR"]).resolve()
+    python = os.environ.get("COMFYUI_PYTHON") or sys.executable
+    code = f'''
+import json, sys
+sys.argv = [sys.argv[0], "--cpu"]
+import comfy.options; comfy.options.enable_args_parsing()
+sys.path.insert(0, {str(REPO)!r})
+import torch, comfy.model_management as mm, comfy.model_patcher
+from comfy_h3_nodes.engine.a_side.side import ASide
+from comfy_h3_nodes.host import comfy_models
+side = ASide({str(tiny_ckpt)!r}, dtype="float32")
+held = side.resident_bytes()
+assert comfy_models.hold(side, ("text_encoder", "vae", "audio_vae")) == []
+own = comfy.model_patcher.ModelPatcher(torch.nn.Linear(256, 256), torch.device("cpu"), torch.device("cpu"))
+mm.load_models_gpu([own])
+names = sorted(type(lm.model.model).__name__ for lm in mm.current_loaded_models)
+counted = comfy_models.comfy_held_bytes()
+cpu = mm.get_torch_device()
+# a model larger than this machine's memory is to be loaded: ComfyUI evicts every model it can (the free memory
+# moves with other processes, so ask for more than the total, not a little more than what is free now)
+mm.free_memory(mm.get_total_memory(cpu) + sum(held.values()), cpu)
+evicted = dict(side.released); after_evict = side.resident_bytes(); left = len(mm.current_loaded_models)
+back = comfy_models.hold(side, ("text_encoder", "vae", "audio_vae"))
+reloaded = [[r.component, r.reason, r.seconds] for r in back]
+mm.unload_all_models()
+unloaded = dict(side.released)
+print(json.dumps({{"held": held, "names": names, "counted": counted, "own_bytes": own.model_size(),
+                  "evicted": evicted, "after_evict": after_evict, "left": left, "reloaded": reloaded,
+                  "unloaded": unloaded,
+                  "after_unload": side.resident_bytes(), "loaded_after_unload": len(mm.current_loaded_models)}}))
+'''
+    proc = subprocess.run([python, "-c", code], cwd=comfy_dir, capture_output=True, text=True, timeout=300,
+                          env={**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+                               "HF_HUB_OFFLINE": "1", "H3_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(out["names"]) == sorted(["H3TextEncoderModel", "H3VideoVAEModel", "H3AudioVAEModel", "Linear"])
+    assert out["counted"] == {"ComfyUI's loaded models": out["own_bytes"]}  # ours are not counted twice
+    parts = {"text_encoder", "vae", "audio_vae"}
+    assert set(out["evicted"]) == parts and out["after_evict"] == {} and out["left"] == 0, out
+    assert {c for c, _, _ in out["reloaded"]} == parts
+    assert {why for _, why, _ in out["reloaded"]} == {"reloaded after ComfyUI freed memory"}
+    assert set(out["unloaded"]) == parts and out["after_unload"] == {} and out["loaded_after_unload"] == 0
+    print(f"\n[h3 memory] ComfyUI's eviction released A's {sum(out['held'].values()) / 2**20:.2f} MiB; reload "
+          + ", ".join(f"{c} {s:.3f} s" for c, _, s in out["reloaded"]))
+
+
+def test_memory_release_b_from_the_panels_route_and_the_next_run_reloads_on_b(comfyui, tiny_ckpt):
+    """"Release B's model" (the panel's POST /h3/release_b): B's worker keeps its actor (same pid) and holds no
+    weights; the next run's connection readout says so, B reloads during its denoise (the record says how long), and
+    the run makes its video."""
+    api, ui = _prompt(tiny_ckpt, steps=3, seed=5)
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
+    _ok(messages, pid)
+    before = {w["name"]: w for w in _status(comfyui)["workers"]}
+    assert before and all(w["resident_bytes"] for w in before.values()), before
+
+    out = _http_json(comfyui, "POST", "/api/h3/release_b", {})
+    assert sorted(r["name"] for r in out["released"]) == sorted(before) and out["missing"] == {}, out
+    for r in out["released"]:
+        assert r["bytes"] == before[r["name"]]["resident_bytes"] and r["total_bytes"] > 0
+    workers = {w["name"]: w for w in _status(comfyui)["workers"]}
+    for name, w in workers.items():
+        assert w["resident_bytes"] == {} and w["released"]["cause"].startswith("a release on request"), w
+        assert w["pid"] == before[name]["pid"]  # the actor stays
+
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
+    _ok(messages, pid)
+    timings = {d["node"]: d for d in _of(messages, "h3.timing", pid)}
+    assert "B's model is released" in timings["2"]["summary"]["status"], timings["2"]["summary"]["status"]
+    den = next(s for s in timings["5"]["stages"] if s["stage"] == "denoise")
+    reload_s = den["info"]["reloaded_after_release_s"]
+    assert reload_s > 0 and "reloaded the model after a release" in den["note"], den
+    assert _video_of(comfyui, entry).stat().st_size > 0
+    after = {w["name"]: w for w in _status(comfyui)["workers"]}
+    assert {n: w["resident_bytes"] for n, w in after.items()} == {n: w["resident_bytes"] for n, w in before.items()}
+    assert all(w["released"] is None and w["pid"] == before[n]["pid"] for n, w in after.items())
+    print(f"\n[h3 memory] Release B's model: {sum(r['total_bytes'] for r in out['released']) / 2**20:.2f} MiB "
+          f"released on B; reloaded by the next denoise in {reload_s:.3f} s")
+
+
+def _cli(python: str, args: list, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_memory_b_survives_a_comfyui_restart_in_the_two_machine_layout(tmp_path_factory, tiny_ckpt, monkeypatch):
+    """A's head by ``cluster start-head`` (127.0.0.2), B by ``remote_worker setup`` (127.0.0.3), both in ComfyUI's
+    Python (same versions). ComfyUI runs, is stopped with SIGTERM and started again: B's worker is the same process,
+    it loads nothing, the first denoise step after the restart is within 2x the warm step, and the readout says B
+    was already resident."""
+    from comfy_h3_nodes.cluster import ray_node as rn
+
+    python = os.environ.get("COMFYUI_PYTHON") or sys.executable
+    root = pathlib.Path(tempfile.mkdtemp(prefix="h3m29_", dir="/tmp"))  # short: Ray's socket paths
+    ra, rb = str(root / "ra"), str(root / "rb")
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+    head = f"127.0.0.2:{port}"
+    token = root / "token"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(H3_STATE_DIR=str(root / "state"), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    try:
+        out = _cli(python, ["comfy_h3_nodes", "cluster", "start-head", "--node-ip", "127.0.0.2", "--port", str(port),
+                            "--token-file", str(token), "--object-store-mb", "96", "--temp-dir", ra, "--num-cpus",
+                            "2", "--json"], env, 120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        out = _cli(python, ["remote_worker", "setup", "--allow-cpu", "--head", head, "--node-ip", "127.0.0.3",
+                            "--model-path", str(tiny_ckpt), "--model-root", str(tiny_ckpt.parent), "--token-file",
+                            str(token), "--object-store-mb", "96", "--temp-dir", rb, "--dtype", "float32",
+                            "--threads", "1", "--num-cpus", "2", "--json"], env, 240)
+        assert out.returncode == 0, out.stdout + out.stderr
+        monkeypatch.setenv("RAY_AUTH_MODE", "token")  # what setup prints for A's ComfyUI
+        monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+        api, ui = _prompt(tiny_ckpt, steps=4, seed=3)
+        api["2"]["inputs"]["cluster_address"] = head
+
+        def b_health(server):
+            st = _status(server)
+            (b,) = [a["health"]["B"] for a in st["actors"] if "health" in a]
+            return b
+
+        with _started_comfyui(tmp_path_factory, tiny_ckpt) as server:
+            runs = []
+            for _ in range(2):  # the second is the warm figure
+                pid, messages, entry = asyncio.run(_run(server, api, ui))
+                _ok(messages, pid)
+                runs.append(_first_step_s(messages, pid))
+            b1 = b_health(server)
+            status1 = {d["node"]: d for d in _of(messages, "h3.timing", pid)}["2"]["summary"]["status"]
+        warm = runs[1]
+        with _started_comfyui(tmp_path_factory, tiny_ckpt) as server:  # the one above got SIGTERM
+            t0 = time.monotonic()
+            pid, messages, entry = asyncio.run(_run(server, api, ui))
+            first_run_s = time.monotonic() - t0
+            _ok(messages, pid)
+            after = _first_step_s(messages, pid)
+            b2 = b_health(server)
+            timings = {d["node"]: d for d in _of(messages, "h3.timing", pid)}
+        assert b2["pid"] == b1["pid"] and b2["uptime_s"] > b1["uptime_s"], (b1, b2)
+        assert b2["loads"] == b1["loads"], "B loaded after ComfyUI restarted"
+        den = next(s for s in timings["5"]["stages"] if s["stage"] == "denoise")
+        assert "reloaded_after_release_s" not in den["info"] and not den["info"].get("swapped_s"), den
+        assert den["load_s"] < 0.01 and "reloaded" not in den["note"], den  # the adapter switch only (microseconds)
+        assert "B was already resident" in timings["2"]["summary"]["status"], timings["2"]["summary"]["status"]
+        assert "B was already resident" in status1
+        assert after <= 2 * warm, f"first step after the restart {after:.3f} s, warm {warm:.3f} s"
+        print(f"\n[h3 memory] restart: first step {runs[0]:.3f} s (first run), warm {warm:.3f} s, after the restart "
+              f"{after:.3f} s ({after / warm:.2f} x warm); the run after the restart {first_run_s:.1f} s; B loads "
+              f"{b1['loads']} -> {b2['loads']}, pid {b1['pid']} kept")
+    finally:
+        _cli(python, ["remote_worker", "stop", "--temp-dir", rb], env, 120)
+        rn.stop_node(rb, grace=3)
+        rn.stop_node(ra, grace=3)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_memory_free_releases_a_dit_rank_of_parallel_and_the_next_group_reloads_it(comfyui):
+    """``parallel`` A+B: A's DiT rank (its own process on A's machine) is among ComfyUI's loaded models too; ``/free``
+    releases its weights (the actor stays), and the next parallel run forms the group again with the rank reloaded."""
+    api, ui = _with_tiny(*_template("h3_t2va"))
+    (dit_id,), (den_id,), (text_id,) = _ids(api, "H3RemoteDiT"), _ids(api, "H3RemoteDenoise"), _ids(api, "H3TextEncode")
+    api[dit_id]["inputs"]["parallel"] = "A+B"
+    api[den_id]["inputs"]["steps"] = 3
+    api[text_id]["inputs"].update(width=64, height=64)
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
+    _ok(messages, pid)
+    rank = _status(comfyui)["a_rank"]
+    assert rank and rank["resident_bytes"] and rank["released"] is None, rank
+    _http_json(comfyui, "POST", "/free", {"unload_models": True})  # the Unload models button
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:
+        rank2 = _status(comfyui)["a_rank"]
+        if rank2 and rank2["released"]:
+            break
+        time.sleep(0.5)
+    assert rank2["released"]["cause"] == "ComfyUI freed memory" and rank2["resident_bytes"] == {}, rank2
+    assert rank2["pid"] == rank["pid"]
+    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
+    _ok(messages, pid)
+    (den,) = [d for d in _of(messages, "h3.timing", pid) if d["node"] == den_id]
+    assert [r["machine"] for r in den["summary"]["ran"]["ranks"]] == ["A", "B"]
+    rank3 = _status(comfyui)["a_rank"]
+    assert rank3["resident_bytes"] == rank["resident_bytes"] and rank3["released"] is None and rank3["pid"] == rank["pid"]
+    print(f"\n[h3 memory] /free released A's DiT rank: {sum(rank['resident_bytes'].values()) / 2**20:.2f} MiB; the next "
+          "parallel run reloaded it")
 
 
 # ------------------------------------------------------------------------------------------------ browser
@@ -1343,287 +1626,3 @@ def test_template_wall_times(capsys):
     with capsys.disabled():
         print(f"\n[h3] template wall times in real ComfyUI (goal {TEMPLATE_GOAL_S:.0f} s per video): "
               + ", ".join(f"{k} {v:.1f} s" for k, v in WALL_S.items()))
-
-
-
-# ------------------------------------------------------------------------------------------------ memory (issue 29)
-def _rss_mb(pid: int) -> float:
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def _status(server: ComfyUI) -> dict:
-    status, _, body = asyncio.run(_get(server, "/api/h3/status"))
-    assert status == 200, body[:300]
-    return json.loads(body)
-
-
-def _ok(messages, pid) -> None:
-    errors = _of(messages, "execution_error", pid)
-    assert not errors, f"{errors[0].get('exception_message')}\n{''.join(errors[0].get('traceback', []))}"
-    assert _of(messages, "execution_success", pid)
-
-
-def _frames(path: pathlib.Path):
-    import av
-    import numpy as np
-
-    with av.open(str(path)) as c:
-        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])])
-
-
-def _video_of(server: ComfyUI, entry: dict) -> pathlib.Path:
-    (video,) = entry["outputs"]["7"]["images"]
-    return server.output / video["subfolder"] / video["filename"]
-
-
-def _first_step_s(messages, pid) -> float:
-    (den,) = [d for d in _of(messages, "h3.timing", pid) if d["node"] == "5"]
-    stage = next(s for s in den["stages"] if s["stage"] == "denoise")
-    return float(stage["steps"][0])
-
-
-def test_memory_free_releases_a_models_and_the_next_run_reloads_the_same_video(comfyui, tiny_ckpt):
-    """``POST /free`` (what ComfyUI's *Free model and node cache* button sends) reaches the pack's A-side models
-    through ComfyUI's model management: /h3/status shows A holding nothing, the process gives the memory back, the
-    next run reloads them (its readout says so) and makes the same video; B is not touched. ComfyUI's own H3 graph
-    runs first, so its models are among ComfyUI's loaded ones and become garbage when the next prompt replaces
-    ComfyUI's cache: the pack's release inside ComfyUI's unload loop must not collect them there (a collection ran
-    their finalizers, which changed ComfyUI's list under its loop and killed the prompt worker)."""
-    pid, messages, _ = asyncio.run(_run(comfyui, _native_h3_prompt()))
-    _ok(messages, pid)
-    api, ui = _prompt(tiny_ckpt, steps=3, seed=11)
-    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
-    _ok(messages, pid)
-    first = _frames(_video_of(comfyui, entry))
-    st = _status(comfyui)
-    (enc,) = [e for e in st["encoders"] if e["model_path"] == str(tiny_ckpt) and e["dtype"] == "float32"]
-    held = enc["total_bytes"]
-    assert set(enc["resident_bytes"]) == {"text_encoder", "vae", "audio_vae"} and held > 0, enc
-    b_before = {w["name"]: w["resident_bytes"] for w in st["workers"]}
-    rss_before = _rss_mb(comfyui.proc.pid)
-
-    t0 = time.monotonic()
-    _http_json(comfyui, "POST", "/free", {"unload_models": True, "free_memory": True})
-    while True:  # the prompt loop reads the flags as soon as /free wakes it
-        enc = next(e for e in _status(comfyui)["encoders"] if e["model_path"] == str(tiny_ckpt)
-                   and e["dtype"] == "float32")
-        if enc["total_bytes"] == 0 or time.monotonic() - t0 > 30:
-            break
-        time.sleep(0.25)
-    freed_s = time.monotonic() - t0
-    assert enc["total_bytes"] == 0 and enc["resident_bytes"] == {}, enc
-    assert enc["released"] == {c: "ComfyUI freed memory" for c in ("text_encoder", "vae", "audio_vae")}, enc
-    assert "released (ComfyUI freed memory)" in enc["resident"]["text_encoder"]
-    time.sleep(1.0)
-    rss_after = _rss_mb(comfyui.proc.pid)
-    st = _status(comfyui)
-    assert {w["name"]: w["resident_bytes"] for w in st["workers"]} == b_before  # /free never releases B
-
-    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
-    _ok(messages, pid)
-    timings = {d["node"]: d for d in _of(messages, "h3.timing", pid)}
-    note = timings["1"]["stages"][0]["note"]
-    assert "(reloaded after ComfyUI freed memory)" in note and note.startswith("A load "), note
-    again = _frames(_video_of(comfyui, entry))
-    assert again.shape == first.shape and (again == first).all(), "the reloaded A side made another video"
-    enc = next(e for e in _status(comfyui)["encoders"] if e["model_path"] == str(tiny_ckpt) and e["dtype"] == "float32")
-    assert enc["total_bytes"] == held and enc["released"] == {} and enc["reloads"] >= 1, enc
-    print(f"\n[h3 memory] /free: A held {held / 2**20:.2f} MiB (its own count), released in {freed_s:.2f} s; ComfyUI RSS "
-          f"{rss_before:.0f} -> {rss_after:.0f} MiB ({rss_before - rss_after:+.0f}); reload {note}")
-
-
-def test_memory_comfyuis_eviction_and_unload_release_a_models_like_its_own(tiny_ckpt, tmp_path):
-    """ComfyUI's own model management, in ComfyUI's Python: the pack's A-side models are among its loaded models;
-    ``free_memory`` (what ``load_models_gpu`` runs to make room for a model it loads) and ``unload_all_models`` (what
-    ``/free`` runs) release them as they release ComfyUI's own model; loading again reloads them. The figure A's plan
-    counts (ComfyUI's loaded models) is ComfyUI's own model's size."""
-    comfy_dir = pathlib.Path(os.environ["COMFYUI_DIR"]).resolve()
-    python = os.environ.get("COMFYUI_PYTHON") or sys.executable
-    code = f'''
-import json, sys
-sys.argv = [sys.argv[0], "--cpu"]
-import comfy.options; comfy.options.enable_args_parsing()
-sys.path.insert(0, {str(REPO)!r})
-import torch, comfy.model_management as mm, comfy.model_patcher
-from comfy_h3_nodes.engine.a_side.side import ASide
-from comfy_h3_nodes.host import comfy_models
-side = ASide({str(tiny_ckpt)!r}, dtype="float32")
-held = side.resident_bytes()
-assert comfy_models.hold(side, ("text_encoder", "vae", "audio_vae")) == []
-own = comfy.model_patcher.ModelPatcher(torch.nn.Linear(256, 256), torch.device("cpu"), torch.device("cpu"))
-mm.load_models_gpu([own])
-names = sorted(type(lm.model.model).__name__ for lm in mm.current_loaded_models)
-counted = comfy_models.comfy_held_bytes()
-cpu = mm.get_torch_device()
-# a model larger than this machine's memory is to be loaded: ComfyUI evicts every model it can (the free memory
-# moves with other processes, so ask for more than the total, not a little more than what is free now)
-mm.free_memory(mm.get_total_memory(cpu) + sum(held.values()), cpu)
-evicted = dict(side.released); after_evict = side.resident_bytes(); left = len(mm.current_loaded_models)
-back = comfy_models.hold(side, ("text_encoder", "vae", "audio_vae"))
-reloaded = [[r.component, r.reason, r.seconds] for r in back]
-mm.unload_all_models()
-unloaded = dict(side.released)
-print(json.dumps({{"held": held, "names": names, "counted": counted, "own_bytes": own.model_size(),
-                  "evicted": evicted, "after_evict": after_evict, "left": left, "reloaded": reloaded,
-                  "unloaded": unloaded,
-                  "after_unload": side.resident_bytes(), "loaded_after_unload": len(mm.current_loaded_models)}}))
-'''
-    proc = subprocess.run([python, "-c", code], cwd=comfy_dir, capture_output=True, text=True, timeout=300,
-                          env={**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
-                               "HF_HUB_OFFLINE": "1", "H3_CACHE": str(tmp_path / "cache")})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert sorted(out["names"]) == sorted(["H3TextEncoderModel", "H3VideoVAEModel", "H3AudioVAEModel", "Linear"])
-    assert out["counted"] == {"ComfyUI's loaded models": out["own_bytes"]}  # ours are not counted twice
-    parts = {"text_encoder", "vae", "audio_vae"}
-    assert set(out["evicted"]) == parts and out["after_evict"] == {} and out["left"] == 0, out
-    assert {c for c, _, _ in out["reloaded"]} == parts
-    assert {why for _, why, _ in out["reloaded"]} == {"reloaded after ComfyUI freed memory"}
-    assert set(out["unloaded"]) == parts and out["after_unload"] == {} and out["loaded_after_unload"] == 0
-    print(f"\n[h3 memory] ComfyUI's eviction released A's {sum(out['held'].values()) / 2**20:.2f} MiB; reload "
-          + ", ".join(f"{c} {s:.3f} s" for c, _, s in out["reloaded"]))
-
-
-def test_memory_release_b_from_the_panels_route_and_the_next_run_reloads_on_b(comfyui, tiny_ckpt):
-    """"Release B's model" (the panel's POST /h3/release_b): B's worker keeps its actor (same pid) and holds no
-    weights; the next run's connection readout says so, B reloads during its denoise (the record says how long), and
-    the run makes its video."""
-    api, ui = _prompt(tiny_ckpt, steps=3, seed=5)
-    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
-    _ok(messages, pid)
-    before = {w["name"]: w for w in _status(comfyui)["workers"]}
-    assert before and all(w["resident_bytes"] for w in before.values()), before
-
-    out = _http_json(comfyui, "POST", "/api/h3/release_b", {})
-    assert sorted(r["name"] for r in out["released"]) == sorted(before) and out["missing"] == {}, out
-    for r in out["released"]:
-        assert r["bytes"] == before[r["name"]]["resident_bytes"] and r["total_bytes"] > 0
-    workers = {w["name"]: w for w in _status(comfyui)["workers"]}
-    for name, w in workers.items():
-        assert w["resident_bytes"] == {} and w["released"]["cause"].startswith("a release on request"), w
-        assert w["pid"] == before[name]["pid"]  # the actor stays
-
-    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
-    _ok(messages, pid)
-    timings = {d["node"]: d for d in _of(messages, "h3.timing", pid)}
-    assert "B's model is released" in timings["2"]["summary"]["status"], timings["2"]["summary"]["status"]
-    den = next(s for s in timings["5"]["stages"] if s["stage"] == "denoise")
-    reload_s = den["info"]["reloaded_after_release_s"]
-    assert reload_s > 0 and "reloaded the model after a release" in den["note"], den
-    assert _video_of(comfyui, entry).stat().st_size > 0
-    after = {w["name"]: w for w in _status(comfyui)["workers"]}
-    assert {n: w["resident_bytes"] for n, w in after.items()} == {n: w["resident_bytes"] for n, w in before.items()}
-    assert all(w["released"] is None and w["pid"] == before[n]["pid"] for n, w in after.items())
-    print(f"\n[h3 memory] Release B's model: {sum(r['total_bytes'] for r in out['released']) / 2**20:.2f} MiB "
-          f"released on B; reloaded by the next denoise in {reload_s:.3f} s")
-
-
-def _cli(python: str, args: list, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([python, "-m", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-
-
-def test_memory_b_survives_a_comfyui_restart_in_the_two_machine_layout(tmp_path_factory, tiny_ckpt, monkeypatch):
-    """A's head by ``cluster start-head`` (127.0.0.2), B by ``remote_worker setup`` (127.0.0.3), both in ComfyUI's
-    Python (same versions). ComfyUI runs, is stopped with SIGTERM and started again: B's worker is the same process,
-    it loads nothing, the first denoise step after the restart is within 2x the warm step, and the readout says B
-    was already resident."""
-    from comfy_h3_nodes.cluster import ray_node as rn
-
-    python = os.environ.get("COMFYUI_PYTHON") or sys.executable
-    root = pathlib.Path(tempfile.mkdtemp(prefix="h3m29_", dir="/tmp"))  # short: Ray's socket paths
-    ra, rb = str(root / "ra"), str(root / "rb")
-    with socket.socket() as s:
-        s.bind(("127.0.0.2", 0))
-        port = s.getsockname()[1]
-    head = f"127.0.0.2:{port}"
-    token = root / "token"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(H3_STATE_DIR=str(root / "state"), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
-    try:
-        out = _cli(python, ["comfy_h3_nodes", "cluster", "start-head", "--node-ip", "127.0.0.2", "--port", str(port),
-                            "--token-file", str(token), "--object-store-mb", "96", "--temp-dir", ra, "--num-cpus",
-                            "2", "--json"], env, 120)
-        assert out.returncode == 0, out.stdout + out.stderr
-        out = _cli(python, ["remote_worker", "setup", "--allow-cpu", "--head", head, "--node-ip", "127.0.0.3",
-                            "--model-path", str(tiny_ckpt), "--model-root", str(tiny_ckpt.parent), "--token-file",
-                            str(token), "--object-store-mb", "96", "--temp-dir", rb, "--dtype", "float32",
-                            "--threads", "1", "--num-cpus", "2", "--json"], env, 240)
-        assert out.returncode == 0, out.stdout + out.stderr
-        monkeypatch.setenv("RAY_AUTH_MODE", "token")  # what setup prints for A's ComfyUI
-        monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
-        api, ui = _prompt(tiny_ckpt, steps=4, seed=3)
-        api["2"]["inputs"]["cluster_address"] = head
-
-        def b_health(server):
-            st = _status(server)
-            (b,) = [a["health"]["B"] for a in st["actors"] if "health" in a]
-            return b
-
-        with _started_comfyui(tmp_path_factory, tiny_ckpt) as server:
-            runs = []
-            for _ in range(2):  # the second is the warm figure
-                pid, messages, entry = asyncio.run(_run(server, api, ui))
-                _ok(messages, pid)
-                runs.append(_first_step_s(messages, pid))
-            b1 = b_health(server)
-            status1 = {d["node"]: d for d in _of(messages, "h3.timing", pid)}["2"]["summary"]["status"]
-        warm = runs[1]
-        with _started_comfyui(tmp_path_factory, tiny_ckpt) as server:  # the one above got SIGTERM
-            t0 = time.monotonic()
-            pid, messages, entry = asyncio.run(_run(server, api, ui))
-            first_run_s = time.monotonic() - t0
-            _ok(messages, pid)
-            after = _first_step_s(messages, pid)
-            b2 = b_health(server)
-            timings = {d["node"]: d for d in _of(messages, "h3.timing", pid)}
-        assert b2["pid"] == b1["pid"] and b2["uptime_s"] > b1["uptime_s"], (b1, b2)
-        assert b2["loads"] == b1["loads"], "B loaded after ComfyUI restarted"
-        den = next(s for s in timings["5"]["stages"] if s["stage"] == "denoise")
-        assert "reloaded_after_release_s" not in den["info"] and not den["info"].get("swapped_s"), den
-        assert den["load_s"] < 0.01 and "reloaded" not in den["note"], den  # the adapter switch only (microseconds)
-        assert "B was already resident" in timings["2"]["summary"]["status"], timings["2"]["summary"]["status"]
-        assert "B was already resident" in status1
-        assert after <= 2 * warm, f"first step after the restart {after:.3f} s, warm {warm:.3f} s"
-        print(f"\n[h3 memory] restart: first step {runs[0]:.3f} s (first run), warm {warm:.3f} s, after the restart "
-              f"{after:.3f} s ({after / warm:.2f} x warm); the run after the restart {first_run_s:.1f} s; B loads "
-              f"{b1['loads']} -> {b2['loads']}, pid {b1['pid']} kept")
-    finally:
-        _cli(python, ["remote_worker", "stop", "--temp-dir", rb], env, 120)
-        rn.stop_node(rb, grace=3)
-        rn.stop_node(ra, grace=3)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def test_memory_free_releases_a_dit_rank_of_parallel_and_the_next_group_reloads_it(comfyui):
-    """``parallel`` A+B: A's DiT rank (its own process on A's machine) is among ComfyUI's loaded models too; ``/free``
-    releases its weights (the actor stays), and the next parallel run forms the group again with the rank reloaded."""
-    api, ui = _with_tiny(*_template("h3_t2va"))
-    (dit_id,), (den_id,), (text_id,) = _ids(api, "H3RemoteDiT"), _ids(api, "H3RemoteDenoise"), _ids(api, "H3TextEncode")
-    api[dit_id]["inputs"]["parallel"] = "A+B"
-    api[den_id]["inputs"]["steps"] = 3
-    api[text_id]["inputs"].update(width=64, height=64)
-    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
-    _ok(messages, pid)
-    rank = _status(comfyui)["a_rank"]
-    assert rank and rank["resident_bytes"] and rank["released"] is None, rank
-    _http_json(comfyui, "POST", "/free", {"unload_models": True})  # the Unload models button
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 60:
-        rank2 = _status(comfyui)["a_rank"]
-        if rank2 and rank2["released"]:
-            break
-        time.sleep(0.5)
-    assert rank2["released"]["cause"] == "ComfyUI freed memory" and rank2["resident_bytes"] == {}, rank2
-    assert rank2["pid"] == rank["pid"]
-    pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
-    _ok(messages, pid)
-    (den,) = [d for d in _of(messages, "h3.timing", pid) if d["node"] == den_id]
-    assert [r["machine"] for r in den["summary"]["ran"]["ranks"]] == ["A", "B"]
-    rank3 = _status(comfyui)["a_rank"]
-    assert rank3["resident_bytes"] == rank["resident_bytes"] and rank3["released"] is None and rank3["pid"] == rank["pid"]
-    print(f"\n[h3 memory] /free released A's DiT rank: {sum(rank['resident_bytes'].values()) / 2**20:.2f} MiB; the next "
-          "parallel run reloaded it")
