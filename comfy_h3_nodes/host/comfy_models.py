@@ -148,8 +148,11 @@ def hold_rank(rank, held_bytes: int, device: str, timeout_s: float = 60.0) -> No
     """A's DiT rank registered with ComfyUI's model management (after a parallel denoise), as the A side's models."""
     with _lock:
         p = _rank_patchers.get(id(rank.handle))
-        if p is None or p.rank is not rank:
+        if p is None:
             p = _rank_patchers[id(rank.handle)] = H3RankPatcher(rank, held_bytes, device, timeout_s)
+        # never replace a patcher ComfyUI may still list (it holds them weakly: a dropped one leaves a dead entry
+        # its unload loop trips over); the same handle's patcher follows the rank object instead
+        p.rank = rank
         p._bytes = int(held_bytes) or p._bytes
     mm.load_models_gpu([p])
 
@@ -166,7 +169,7 @@ def patchers(side, components) -> list[H3PartPatcher]:
         for c in components:
             key = (id(side), c)
             p = _patchers.get(key)
-            if p is None or p.side is not side:
+            if p is None:  # the patcher holds its side, so an id is never reused for another side while it lives
                 p = _patchers[key] = H3PartPatcher(side, c)
             out.append(p)
         return out
