@@ -54,17 +54,28 @@ class TinyMiniMaxQwen3VL(c_minimax.MiniMaxQwen3VL):
     model_type = TINY_TEXT
 
 
+#: the buffers ComfyUI allocates with ``torch.empty`` and fills only from a checkpoint, and the value a tiny model
+#: gets instead: left as they are they hold whatever that memory held (finite garbage as often as not), so the audio
+#: VAE's ``latents_std`` once scaled the waveform to inf and FFmpeg's AAC encoder refused it in SaveVideo
+EMPTY_BUFFERS = {"mask_token": 0.0, "zero_k_bias": 0.0, "latents_mean": 0.0, "latents_std": 1.0}
+
+
 def _randomize(module: torch.nn.Module, seed: int, scale: float) -> None:
     """Fill ComfyUI's uninitialised tensors (its ops skip torch's init) from ``seed``: norm scales near 1, the other
-    weights small normals, the buffers ComfyUI allocates empty (``mask_token``) zero."""
+    weights small normals, the buffers ComfyUI allocates empty (:data:`EMPTY_BUFFERS`) their neutral value. Raises if
+    a floating buffer is not finite afterwards (a new ``torch.empty`` buffer in ComfyUI this list does not know)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             p.copy_(1 + 0.1 * noise if "norm" in name or name.endswith(("scale1", "scale2")) else noise * scale)
         for name, b in module.named_buffers():
-            if b.is_floating_point() and not torch.isfinite(b).all() or name.endswith("mask_token"):
-                b.zero_()
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in EMPTY_BUFFERS:
+                b.fill_(EMPTY_BUFFERS[leaf])
+            elif b.is_floating_point() and not torch.isfinite(b).all():
+                raise RuntimeError(f"{type(module).__name__}.{name} is not finite after init: ComfyUI allocates it "
+                                   "empty; add its neutral value to EMPTY_BUFFERS in tests/comfyui_test_nodes")
 
 
 @contextlib.contextmanager
