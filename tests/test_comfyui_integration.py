@@ -1038,6 +1038,11 @@ def _first_step_s(messages, pid) -> float:
     return float(stage["steps"][0])
 
 
+def _b_held(status: dict) -> dict:
+    """What each of B's DiT workers holds, by name (A's DiT rank of ``parallel`` is a worker row too, on A)."""
+    return {w["name"]: w["resident_bytes"] for w in status["workers"] if w.get("machine") != "A"}
+
+
 def test_memory_free_releases_a_models_and_the_next_run_reloads_the_same_video(comfyui, tiny_ckpt):
     """``POST /free`` (what ComfyUI's *Free model and node cache* button sends) reaches the pack's A-side models
     through ComfyUI's model management: /h3/status shows A holding nothing, the process gives the memory back, the
@@ -1055,7 +1060,8 @@ def test_memory_free_releases_a_models_and_the_next_run_reloads_the_same_video(c
     (enc,) = [e for e in st["encoders"] if e["model_path"] == str(tiny_ckpt) and e["dtype"] == "float32"]
     held = enc["total_bytes"]
     assert set(enc["resident_bytes"]) == {"text_encoder", "vae", "audio_vae"} and held > 0, enc
-    b_before = {w["name"]: w["resident_bytes"] for w in st["workers"]}
+    b_before = _b_held(st)
+    a_rank_before = st["a_rank"]
     rss_before = _rss_mb(comfyui.proc.pid)
 
     t0 = time.monotonic()
@@ -1073,7 +1079,9 @@ def test_memory_free_releases_a_models_and_the_next_run_reloads_the_same_video(c
     time.sleep(1.0)
     rss_after = _rss_mb(comfyui.proc.pid)
     st = _status(comfyui)
-    assert {w["name"]: w["resident_bytes"] for w in st["workers"]} == b_before  # /free never releases B
+    assert _b_held(st) == b_before  # /free never releases B
+    if a_rank_before is not None:  # A's DiT rank of an earlier parallel run is A's memory: released with the rest
+        assert st["a_rank"]["resident_bytes"] == {} and st["a_rank"]["pid"] == a_rank_before["pid"], st["a_rank"]
 
     pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
     _ok(messages, pid)
@@ -1147,17 +1155,23 @@ def test_memory_release_b_from_the_panels_route_and_the_next_run_reloads_on_b(co
     api, ui = _prompt(tiny_ckpt, steps=3, seed=5)
     pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
     _ok(messages, pid)
-    before = {w["name"]: w for w in _status(comfyui)["workers"]}
+    st = _status(comfyui)
+    before = {w["name"]: w for w in st["workers"] if w.get("machine") != "A"}
     assert before and all(w["resident_bytes"] for w in before.values()), before
+    a_rank_before = st["a_rank"]  # A's DiT rank (an earlier parallel run's), if any: not B's, so not released
 
     out = _http_json(comfyui, "POST", "/api/h3/release_b", {})
     assert sorted(r["name"] for r in out["released"]) == sorted(before) and out["missing"] == {}, out
     for r in out["released"]:
         assert r["bytes"] == before[r["name"]]["resident_bytes"] and r["total_bytes"] > 0
-    workers = {w["name"]: w for w in _status(comfyui)["workers"]}
+    st = _status(comfyui)
+    workers = {w["name"]: w for w in st["workers"] if w.get("machine") != "A"}
+    assert sorted(workers) == sorted(before), workers
     for name, w in workers.items():
         assert w["resident_bytes"] == {} and w["released"]["cause"].startswith("a release on request"), w
         assert w["pid"] == before[name]["pid"]  # the actor stays
+    if a_rank_before is not None:
+        assert st["a_rank"]["resident_bytes"] == a_rank_before["resident_bytes"], st["a_rank"]
 
     pid, messages, entry = asyncio.run(_run(comfyui, api, ui))
     _ok(messages, pid)
@@ -1167,7 +1181,7 @@ def test_memory_release_b_from_the_panels_route_and_the_next_run_reloads_on_b(co
     reload_s = den["info"]["reloaded_after_release_s"]
     assert reload_s > 0 and "reloaded the model after a release" in den["note"], den
     assert _video_of(comfyui, entry).stat().st_size > 0
-    after = {w["name"]: w for w in _status(comfyui)["workers"]}
+    after = {w["name"]: w for w in _status(comfyui)["workers"] if w.get("machine") != "A"}
     assert {n: w["resident_bytes"] for n, w in after.items()} == {n: w["resident_bytes"] for n, w in before.items()}
     assert all(w["released"] is None and w["pid"] == before[n]["pid"] for n, w in after.items())
     print(f"\n[h3 memory] Release B's model: {sum(r['total_bytes'] for r in out['released']) / 2**20:.2f} MiB "
