@@ -42,7 +42,7 @@ demo: $(STAMP)
 	$(PY) -m comfy_h3_nodes demo
 
 test: browser-deps $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 	node --test tests/web/
 
 bench: $(STAMP)
