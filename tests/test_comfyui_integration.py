@@ -1605,12 +1605,19 @@ def test_panel_shows_the_run_queued_from_the_page(comfyui_frontends, browser, ve
 def test_batch_template_reads_from_the_page(comfyui_frontends, browser, version, vue):
     """The batch template queued from the page (the oldest frontend's canvas, the newest one's Vue nodes; the batch
     nodes' progress text stays on them in 1.49): H3PromptList shows its readout, every request has its row named
-    after the file with its place in the batch, and no node overlaps another."""
+    after the file with its place in the batch, and no node overlaps another. What the page shows of a batch does not
+    depend on its size, so besides the pickers the page sets about half the template's canvas (448x256, near its
+    shape; the pack rounds to multiples of 32) and 10 of its 50 steps: 4 videos in about 1 min instead of 3 (the
+    template as shipped runs to its 4 MP4s, timed, in test_template_runs_to_mp4_with_tiny_random)."""
     name = "h3_t2va_batch"
+    picks = {**PICKERS, "H3TextEncode": {"width": 448, "height": 256}, "H3RemoteDenoise": {"steps": 10}}
     page = ComfyPage(comfyui_frontends(version), browser, vue=vue, version=version)
     try:
         page.open_file(name, _template(name)[1])
-        run = _queue_and_wait(page)
+        run = _queue_and_wait(page, picks)
+        canvas = {t["summary"]["canvas"] for t in run["timings"] if t["node_type"] == "H3TextEncode"}
+        steps = {t["summary"]["steps_total"] for t in run["timings"] if t["node_type"] == "H3RemoteDenoise"}
+        assert canvas == {"448x256"} and max(steps) <= 10, (canvas, steps)  # the page's picks applied
         boxes = page.boxes()
         assert not overlaps(boxes), overlaps(boxes)
         readouts = _check_readouts_complete(page, run)
