@@ -198,7 +198,11 @@ class Groups:
         try:  # until rank 0 is done (its steps followed), or any rank fails
             await asyncio.wait({following, *futures}, return_when=asyncio.FIRST_EXCEPTION)
             if following.done() and not following.cancelled() and following.exception() is not None:
-                raise following.exception()
+                exc = following.exception()
+                # rank 0 itself lost: its progress call can fail before its denoise call does; that call's
+                # error (below) names the rank and the request runs again on the ranks left
+                if not isinstance(exc, ray.exceptions.RayError):
+                    raise exc
         except BaseException:
             for r in group.ranks:  # a stalled or cancelled run: every rank stops, so none stays in a collective
                 r.handle.cancel.remote(call.request_id)
