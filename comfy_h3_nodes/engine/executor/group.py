@@ -200,8 +200,12 @@ class Groups:
             if following.done() and not following.cancelled() and following.exception() is not None:
                 exc = following.exception()
                 # rank 0 itself lost: its progress call can fail before its denoise call does; that call's
-                # error (below) names the rank and the request runs again on the ranks left
+                # error (below) names the rank and the request runs again on the ranks left. A rank 0 still
+                # running after a short wait means the follower's own failure: it ends the request, as any other
                 if not isinstance(exc, ray.exceptions.RayError):
+                    raise exc
+                await asyncio.wait([futures[0]], timeout=self.timeouts.health)
+                if not futures[0].done():
                     raise exc
         except BaseException:
             for r in group.ranks:  # a stalled or cancelled run: every rank stops, so none stays in a collective
