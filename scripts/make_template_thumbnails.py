@@ -7,10 +7,11 @@ shows the same placeholder.
 
 Each card is made from the pack's own output: the template runs through the headless runner
 (``comfy_h3_nodes.tools.runner.execute``) with the tiny random model on the embedded two-node Ray cluster, at a small
-canvas and 2 steps so a run takes seconds, and the card shows frames of the MP4 it wrote, the waveform of its sound,
-the template's inputs where it has some (fl2va's first and last frame, ref2va's image and voice), its short title
-and what it does. With random weights the frames are noise; the card says so. The seed is the template's own and
-the model is built from a fixed seed, so re-running writes the same files (same Pillow, same codecs).
+canvas (256 x 160) and 2 steps (FastH3: the 5 it was trained for) so a run takes seconds, and the card shows frames
+of the MP4 it wrote, the waveform of its sound, the template's inputs where it has some (fl2va's first and last
+frame, ref2va's image and voice), its short title, what it does and its settings as shipped. With random weights the
+frames are noise; the card says so. The seed is the template's own and the model is built from a fixed seed, so
+re-running writes the same files (same Pillow, same codecs).
 
     python scripts/make_template_thumbnails.py                 # all six templates
     python scripts/make_template_thumbnails.py h3_fl2va h3_ref2va
