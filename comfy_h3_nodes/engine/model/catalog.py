@@ -188,6 +188,42 @@ def find_transformer_files(roots: Iterable[str | os.PathLike], depth: int = SEAR
     return sorted(found)
 
 
+def name_under(path: str, roots: Iterable[str | os.PathLike]) -> str:
+    """The name a picker gives ``path``, as ComfyUI names its models: relative to the first of ``roots`` it lies
+    under, when that name leads back to it (no earlier root holds the same name); else the absolute path. The tiny
+    choices stay as they are."""
+    if is_tiny(path):
+        return path
+    path = os.path.abspath(os.path.expanduser(str(path)))
+    bases = [os.path.abspath(os.path.expanduser(str(r))) for r in roots]
+    for i, base in enumerate(bases):
+        if path != base and os.path.commonpath([base, path]) == base:
+            rel = os.path.relpath(path, base)
+            return path if any(os.path.exists(os.path.join(b, rel)) for b in bases[:i]) else rel
+    return path
+
+
+def named_models(roots: Iterable[str | os.PathLike]) -> list[str]:
+    """What H3RemoteDiT's picker offers for a machine with these model roots: its diffusers folders, then its
+    transformer files (:func:`find_models`, :func:`find_transformer_files`), each named relative to the root it was
+    found under (``MiniMax-H3``, ``diffusion_models/minimax_h3_t2va_fp8.safetensors``; a model under two nested roots
+    by the first), absolute where a name would be ambiguous (two roots give the same one, or an earlier root holds
+    it); then the tiny choices. B resolves such a name against the same roots (``remote_worker.model_roots``)."""
+    roots = [str(r) for r in roots]
+    seen: set[str] = set()
+    found: list[tuple[int, str, str]] = []  # (0 folder / 1 file, path, name)
+    for root in roots:
+        for kind, paths in enumerate((find_models([root]), find_transformer_files([root]))):
+            for p in paths:
+                key = os.path.realpath(p)
+                if key not in seen:
+                    seen.add(key)
+                    found.append((kind, p, name_under(p, roots)))
+    names = [n for _, _, n in found]
+    out = [(kind, p if names.count(n) > 1 else n) for kind, p, n in found]
+    return [*sorted(n for k, n in out if k == 0), *sorted(n for k, n in out if k == 1), *TINY_CHOICES]
+
+
 # ---------------------------------------------------------------------------------------------------- A's part files
 #: the choice of an A part picker that takes the part from ``model_path`` (the default: saved workflows keep working)
 FROM_MODEL = "from model_path"
