@@ -188,6 +188,14 @@ def find_transformer_files(roots: Iterable[str | os.PathLike], depth: int = SEAR
     return sorted(found)
 
 
+def _relative(path: str, bases: list[str]) -> tuple[int, str] | None:
+    """``(i, name)``: ``path`` relative to the first of ``bases`` (absolute) it lies under; None under none."""
+    for i, base in enumerate(bases):
+        if path != base and os.path.commonpath([base, path]) == base:
+            return i, os.path.relpath(path, base)
+    return None
+
+
 def name_under(path: str, roots: Iterable[str | os.PathLike]) -> str:
     """The name a picker gives ``path``, as ComfyUI names its models: relative to the first of ``roots`` it lies
     under, when that name leads back to it (no earlier root holds the same name); else the absolute path. The tiny
@@ -196,11 +204,10 @@ def name_under(path: str, roots: Iterable[str | os.PathLike]) -> str:
         return path
     path = os.path.abspath(os.path.expanduser(str(path)))
     bases = [os.path.abspath(os.path.expanduser(str(r))) for r in roots]
-    for i, base in enumerate(bases):
-        if path != base and os.path.commonpath([base, path]) == base:
-            rel = os.path.relpath(path, base)
-            return path if any(os.path.exists(os.path.join(b, rel)) for b in bases[:i]) else rel
-    return path
+    rel = _relative(path, bases)
+    if rel is None or any(os.path.exists(os.path.join(b, rel[1])) for b in bases[:rel[0]]):
+        return path
+    return rel[1]
 
 
 def named_models(roots: Iterable[str | os.PathLike]) -> list[str]:
@@ -210,17 +217,19 @@ def named_models(roots: Iterable[str | os.PathLike]) -> list[str]:
     by the first), absolute where a name would be ambiguous (two roots give the same one, or an earlier root holds
     it); then the tiny choices. B resolves such a name against the same roots (``remote_worker.model_roots``)."""
     roots = [str(r) for r in roots]
+    bases = [os.path.abspath(os.path.expanduser(r)) for r in roots]
     seen: set[str] = set()
-    found: list[tuple[int, str, str]] = []  # (0 folder / 1 file, path, name)
+    found: list[tuple[int, str, str | None]] = []  # (0 folder / 1 file, path, its name relative to its root)
     for root in roots:
         for kind, paths in enumerate((find_models([root]), find_transformer_files([root]))):
             for p in paths:
                 key = os.path.realpath(p)
                 if key not in seen:
                     seen.add(key)
-                    found.append((kind, p, name_under(p, roots)))
-    names = [n for _, _, n in found]
-    out = [(kind, p if names.count(n) > 1 else n) for kind, p, n in found]
+                    rel = _relative(os.path.abspath(p), bases)
+                    found.append((kind, p, rel[1] if rel else None))
+    rels = [r for _, _, r in found]
+    out = [(kind, p if r is None or rels.count(r) > 1 else name_under(p, roots)) for kind, p, r in found]
     return [*sorted(n for k, n in out if k == 0), *sorted(n for k, n in out if k == 1), *TINY_CHOICES]
 
 
