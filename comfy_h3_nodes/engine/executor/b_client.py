@@ -142,7 +142,7 @@ class BClient:
                 f"could not switch: {first_line(inner).rstrip('.')}. Set the node to what B serves, "
                 "or fix the cause above."
             ) from None
-        if primary:
+        if primary and done.get("changed", True):  # B found nothing to change (a name for what it serves): no news
             self.last_reconfigure = f"{desc} ({done['seconds']:.1f} s)"
         return True
 

@@ -165,6 +165,22 @@ def same_model(a: str, b: str) -> bool:
     return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
 
 
+#: (path, mtime, size) -> whether the file is an H3 transformer: a picker lists on every node-list build, a file's
+#: keys are read once
+_H3_FILES: dict[tuple, bool] = {}
+
+
+def _is_h3_file(c: pathlib.Path, formats) -> bool:
+    try:
+        st = c.stat()
+    except OSError:
+        return False
+    key = (str(c.absolute()), st.st_mtime_ns, st.st_size)
+    if key not in _H3_FILES:
+        _H3_FILES[key] = formats.is_h3_transformer(c)
+    return _H3_FILES[key]
+
+
 def find_transformer_files(roots: Iterable[str | os.PathLike], depth: int = SEARCH_DEPTH + 1) -> list[str]:
     """Every ``.safetensors`` / ``.gguf`` file under ``roots`` (at most ``depth`` levels down) that is a MiniMax-H3
     transformer B can load, recognised by its keys (``formats.is_h3_transformer``: headers only, never the name);
@@ -182,7 +198,7 @@ def find_transformer_files(roots: Iterable[str | os.PathLike], depth: int = SEAR
         try:
             found.update(str(c.absolute()) for c in d.iterdir()
                          if c.suffix.lower() in (".safetensors", ".gguf") and not c.name.startswith(".")
-                         and c.is_file() and formats.is_h3_transformer(c))
+                         and c.is_file() and _is_h3_file(c, formats))
         except OSError:
             continue
     return sorted(found)
