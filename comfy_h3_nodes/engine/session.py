@@ -136,8 +136,9 @@ def refresh_b_models(ex, timeout: float | None = None) -> list[str]:
     try:
         with _models_lock:
             pending = _asked["pending"]
-            if pending is None or pending[0] is not ex.b:
-                pending = (ex.b, ex.b.models.remote(list(A_MODEL_ROOTS) if CLUSTER.mode == "local" else None))
+        if pending is None or pending[0] is not ex.b:
+            pending = (ex.b, ex.b.models.remote(list(A_MODEL_ROOTS) if CLUSTER.mode == "local" else None))
+            with _models_lock:
                 _asked["pending"] = pending
         answer = ray.get(pending[1], timeout=bound)
     except ray.exceptions.GetTimeoutError:  # B is slow to answer: the picker keeps its list, the call stays asked
