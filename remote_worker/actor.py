@@ -74,6 +74,8 @@ class DiTActorImpl(ResidentActorMixin):
         setup_process(config.get("threads"))
         self.started = time.time()
         self.config = dict(config)
+        # a name as B's picker lists it (relative to a model root) is served, and reported, as the path it names
+        self.config["model_dir"] = model_roots.resolve_model(self.config)
         self.side = self.make_side(self.config)
         self._lock = threading.Lock()
         self._progress: dict[str, dict] = {}
@@ -275,7 +277,7 @@ class DiTActorImpl(ResidentActorMixin):
                 "resident_partitions": list(side.resident_partitions) if side else [],
                 "precision": self.config.get("precision") or "auto", "dtype": side.dtype if side else None,
                 "device": side.device if side else None,
-                "model": self.config.get("model_dir"),
+                "model": self.config.get("model_dir"), "model_name": self._model_name(),
                 "memory_plan": {"summary": side.memory_plan.to_dict().get("summary")} if side else None,
                 "resident_bytes": self._held_bytes() if side else {}, "released": side.released if side else None,
                 "current": cur, "queue": queue, "queued_steps": queued,
@@ -328,11 +330,16 @@ class DiTActorImpl(ResidentActorMixin):
 
     def _serving(self, swap_s: float = 0.0) -> dict:
         """What this B serves (and so what a request it just finished ran on)."""
-        return {"model": self.config["model_dir"], "model_dir": str(self.side.model_dir),
+        return {"model": self.config["model_dir"], "model_name": self._model_name(),
+                "model_dir": str(self.side.model_dir),
                 "partition": self.side.partition, "resident": sorted(self.side.resident()),
                 "dtype": self.side.dtype, "attention_backend": self.config.get("attention_backend", "sdpa"),
                 "precision": self.config.get("precision") or "auto", "weights": self.side.weights(),
                 "swapped_s": round(swap_s, 4), "vsa": self.side.vsa_info() or None}
+
+    def _model_name(self) -> str:
+        """The model served, named as this machine's picker lists it (relative to its model roots, where it can)."""
+        return catalog.name_under(self.config["model_dir"], model_roots.name_roots(self.config))
 
     @ray.method(concurrency_group="denoise")
     def reconfigure(self, changes: dict) -> dict:
@@ -340,13 +347,23 @@ class DiTActorImpl(ResidentActorMixin):
 
         Cheap checks come first (names, attention backend import, model roots, folder), while the old model still
         serves; then the old model is dropped (two would not fit B's memory) and the new one loaded. If that load
-        fails, B reloads what it had and the error says so. Returns ``{key: [old, new]}`` and the seconds it took."""
+        fails, B reloads what it had and the error says so. Returns ``{key: [old, new]}`` and the seconds it took.
+        ``changes`` may carry ``search_roots`` (where a model name is looked up when B has no roots of its own): kept,
+        never a reload by itself."""
+        changes = dict(changes)
+        search = changes.pop("search_roots", None)
         unknown = sorted(set(changes) - set(RECONFIGURABLE))
         if unknown:
             raise ValueError(f"B cannot change {', '.join(unknown)}; it can change {', '.join(RECONFIGURABLE)}.")
-        new = {**self.config, **changes}
+        new = {**self.config, **changes, **({"search_roots": list(search)} if search is not None else {})}
+        if "model_dir" in changes:  # a name: the path it names here (one that names nothing: the node's sentence)
+            why = model_roots.preflight(new)
+            if why:
+                raise ModelFolderError(why)
+            new["model_dir"] = model_roots.resolve_model(new)
         diff = {k: [self.config.get(k), new[k]] for k in changes if self.config.get(k) != new[k]}
         if not diff:
+            self.config = {**self.config, **({"search_roots": new["search_roots"]} if search is not None else {})}
             return {"changed": {}, "seconds": 0.0}
         t0 = time.perf_counter()
         resolve_attention_backend(new.get("attention_backend", "sdpa"))  # a missing flash-attn fails here, loaded
@@ -399,12 +416,11 @@ class DiTActorImpl(ResidentActorMixin):
     def models(self, search_roots: list | None = None) -> dict:
         """The models this machine has, for A's pickers: diffusers folders and MiniMax-H3 transformer files
         (``.safetensors``/``.gguf``, recognised by their keys) under B's model roots (or, where B has none, under
-        ``search_roots``: the embedded single-machine cluster), then ``tiny-random``."""
-        roots = (model_roots.parse_roots(self.config.get("model_roots"))
-                 + model_roots.parse_roots(os.environ.get(model_roots.ENV)))
-        search = roots or list(search_roots or [])
-        models = [*catalog.find_models(search), *catalog.find_transformer_files(search), *catalog.TINY_CHOICES]
-        return {"models": models, "roots": roots or None}
+        ``search_roots``: the embedded single-machine cluster), then ``tiny-random``; each named relative to its root
+        (absolute where that would be ambiguous: ``catalog.named_models``), the names this actor resolves."""
+        roots = model_roots.own_roots(self.config)
+        search = roots or list(search_roots or model_roots.parse_roots(self.config.get("search_roots")))
+        return {"models": catalog.named_models(search), "roots": roots or None}
 
     @ray.method(concurrency_group="control")
     def health(self) -> dict:

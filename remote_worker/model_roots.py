@@ -11,6 +11,13 @@ is set must allow the path:
   any config) still obeys B's roots.
 
 With neither set (the embedded single-machine cluster of tests and ``local`` mode) there is no restriction.
+
+A model may be named as B's picker lists it: relative to the root it lies under (``MiniMax-H3``,
+``diffusion_models/minimax_h3_t2va_fp8.safetensors``, as ComfyUI names its models). :func:`resolve_model` turns such a
+name into the path under the first root holding it (B's own roots; with none, the ``search_roots`` A sent: A's model
+roots, which the embedded cluster's B and A's DiT rank share); an absolute path and ``tiny-random`` are used as given,
+and a name no root holds is refused in one sentence naming it and the roots. :func:`enforce` resolves first, so every
+place B accepts a model path takes a name.
 """
 
 from __future__ import annotations
@@ -35,6 +42,38 @@ def parse_roots(value: str | list | tuple | None) -> list[str]:
     if isinstance(value, str):
         value = value.split(os.pathsep)
     return [str(v).strip() for v in value if str(v).strip()]
+
+
+def own_roots(config: dict, environ: dict | None = None) -> list[str]:
+    """B's own model roots: the config's, then its node's ``H3_MODEL_ROOTS``."""
+    environ = os.environ if environ is None else environ
+    return list(dict.fromkeys(parse_roots(config.get("model_roots")) + parse_roots(environ.get(ENV))))
+
+
+def name_roots(config: dict, environ: dict | None = None) -> list[str]:
+    """Where a model name is looked up: B's own roots, else (it has none) the ``search_roots`` A sent."""
+    return own_roots(config, environ) or parse_roots(config.get("search_roots"))
+
+
+def resolve_model(config: dict, environ: dict | None = None) -> str:
+    """The path ``config["model_dir"]`` names: a name (relative) joined to the first of :func:`name_roots` that holds
+    it; an absolute path (``~`` expanded) and ``tiny-random`` as given. A name none of them holds is a
+    :class:`ModelRootError` (with no roots at all, a path relative to the working folder, as before, when it exists)."""
+    model = str(config.get("model_dir") or "").strip()
+    if catalog.is_tiny(model):
+        return model
+    text = os.path.expanduser(model)
+    if not model or os.path.isabs(text):
+        return text
+    roots = name_roots(config, environ)
+    for root in roots:
+        cand = os.path.join(os.path.expanduser(root), text)
+        if os.path.exists(cand):
+            return os.path.abspath(cand)
+    if not roots and os.path.exists(text):
+        return os.path.abspath(text)
+    where = f"under its model roots ({', '.join(roots)})" if roots else "and no model roots to look it up in"
+    raise ModelRootError(f"machine B has no model {model!r} {where}")
 
 
 def real(path: str | os.PathLike) -> pathlib.Path:
@@ -65,7 +104,7 @@ def check_model_path(path: str | os.PathLike, roots: list[str], source: str = "m
 def enforce(config: dict, environ: dict | None = None) -> pathlib.Path:
     """What the B actor calls first: the config's roots and the node's ``H3_MODEL_ROOTS`` must both allow the path."""
     environ = os.environ if environ is None else environ
-    path = config["model_dir"]
+    path = resolve_model(config, environ)  # a name as B's picker lists it: under the first root holding it
     resolved = check_model_path(path, parse_roots(config.get("model_roots")), "configured model roots")
     check_model_path(path, parse_roots(environ.get(ENV)), f"model roots ({ENV})")
     return resolved

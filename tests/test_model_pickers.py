@@ -116,23 +116,21 @@ def _connect(name, model="tiny-random", dtype="float32", backend="sdpa", partiti
     return N.H3RemoteDiT().connect("local", name, "comfy_h3", model, partition, dtype, backend)
 
 
-def test_tiny_random_on_both_sides_runs_and_b_lists_its_models(local_host, tiny_cache, tmp_path):
+def test_tiny_random_on_both_sides_runs_and_b_lists_its_models(local_host, tiny_cache, tmp_path, monkeypatch):
     import ray
 
-    extra = _fake_model(tmp_path / "diffusers" / "Mine")
+    _fake_model(tmp_path / "diffusers" / "Mine")
     session.A_MODEL_ROOTS[:] = []
-    os.environ["H3_MODEL_DIRS"] = str(tmp_path / "diffusers")
-    try:
-        out = _connect("h3_dit_pick")
-    finally:
-        os.environ.pop("H3_MODEL_DIRS")
+    monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "diffusers"))
+    out = _connect("h3_dit_pick")
     ex = out["result"][0]
     try:
         summary = out["ui"]["h3_timing"][0]["summary"]
-        # the embedded cluster's B has no model roots of its own: it searched A's, and offers tiny-random
-        assert summary["b_models"] == [str(extra), *catalog.TINY_CHOICES]
-        assert N.H3RemoteDiT.INPUT_TYPES()["required"]["model_path"][0] == [str(extra), *catalog.TINY_CHOICES]
-        assert session.status()["models"]["B"] == [str(extra), *catalog.TINY_CHOICES]
+        # the embedded cluster's B has no model roots of its own: it searched A's (named relative to the root, as
+        # ComfyUI names its models), and offers tiny-random
+        assert summary["b_models"] == ["Mine", *catalog.TINY_CHOICES]
+        assert N.H3RemoteDiT.INPUT_TYPES()["required"]["model_path"][0] == ["Mine", *catalog.TINY_CHOICES]
+        assert session.status()["models"]["B"] == ["Mine", *catalog.TINY_CHOICES]
         h = ray.get(ex.b.health.remote(), timeout=10)
         assert h["model"] == catalog.TINY and h["model_dir"] == os.path.realpath(tiny_cache / f"tiny-h3-v{catalog.TINY_VERSION}-seed0")
         enc = N.H3LoadEncoders().load(catalog.TINY, "float32", "sdpa")["result"][0]
@@ -239,8 +237,9 @@ def test_b_lists_transformer_files_and_runs_one_with_the_shipped_configs(local_h
     os.environ["H3_MODEL_DIRS"] = str(root)
     try:
         out = _connect("h3_dit_file")
-        assert out["ui"]["h3_timing"][0]["summary"]["b_models"] == [str(chosen), *catalog.TINY_CHOICES]
-        file_out = _connect("h3_dit_file", model=str(chosen))
+        assert out["ui"]["h3_timing"][0]["summary"]["b_models"] == ["tiny/whatever-name.safetensors",
+                                                                     *catalog.TINY_CHOICES]
+        file_out = _connect("h3_dit_file", model=str(chosen))  # an absolute path on B still works
     finally:
         os.environ.pop("H3_MODEL_DIRS")
     ex = file_out["result"][0]
@@ -259,3 +258,115 @@ def test_b_lists_transformer_files_and_runs_one_with_the_shipped_configs(local_h
     finally:
         ray.kill(ex.b, no_restart=True)
         session.forget("h3_dit_file")
+
+
+# ------------------------------------------------------------------------------------------------ B's short names
+
+
+def _b_models_tree(root: pathlib.Path, tiny_ckpt) -> pathlib.Path:
+    """A ComfyUI-like models/ root: the tiny checkpoint as a diffusers folder ``MiniMax-H3`` (a link) and its single
+    transformer file in ``diffusion_models/`` (the tiny shapes' config beside it); returns the file."""
+    import shutil
+
+    (root / "diffusion_models" / "transformer").mkdir(parents=True)
+    os.symlink(tiny_ckpt, root / "MiniMax-H3")
+    f = root / "diffusion_models" / "minimax_h3_t2va_tiny.safetensors"
+    shutil.copy(tiny_ckpt / "single_file" / "transformer.safetensors", f)
+    shutil.copy(tiny_ckpt / "transformer" / "config.json", root / "diffusion_models" / "transformer" / "config.json")
+    return f
+
+
+def test_b_names_its_models_relative_to_its_roots_and_resolves_the_names(tmp_path, tiny_ckpt):
+    """Names as ComfyUI's pickers give them; absolute where two roots give one name; B resolves a name against the
+    first root holding it; an absolute path as typed; an unknown name is one sentence naming it and the roots."""
+    from remote_worker import model_roots
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    f = _b_models_tree(one, tiny_ckpt)
+    _fake_model(two / "Other")
+    roots = [str(one), str(one / "diffusion_models"), str(two)]
+    assert catalog.named_models(roots) == ["MiniMax-H3", "Other", "diffusion_models/" + f.name,
+                                           *catalog.TINY_CHOICES]  # the file by its first (outer) root
+    _fake_model(two / "MiniMax-H3")  # two roots give the same name: both absolute
+    assert catalog.named_models(roots)[:3] == sorted([str(one / "MiniMax-H3"), str(two / "MiniMax-H3"), "Other"])
+    assert catalog.name_under(str(f), roots) == "diffusion_models/" + f.name
+    assert catalog.name_under("/elsewhere/x.safetensors", roots) == "/elsewhere/x.safetensors"  # under no root
+
+    config = {"model_dir": "Other", "model_roots": roots}
+    assert model_roots.resolve_model(config, environ={}) == str(two / "Other")
+    assert model_roots.resolve_model({**config, "model_dir": "MiniMax-H3"}, environ={}) == str(one / "MiniMax-H3")
+    assert model_roots.resolve_model({"model_dir": "Other", "search_roots": [str(two)]}, environ={}) == str(two / "Other")
+    assert model_roots.resolve_model({**config, "model_dir": str(f)}, environ={}) == str(f)
+    assert model_roots.resolve_model({**config, "model_dir": catalog.TINY}, environ={}) == catalog.TINY
+    with pytest.raises(model_roots.ModelRootError) as err:
+        model_roots.resolve_model({**config, "model_dir": "Nope"}, environ={})
+    assert str(err.value) == f"machine B has no model 'Nope' under its model roots ({', '.join(roots)})"
+
+
+def test_remote_dit_lists_b_models_before_any_run_in_local_mode(local_host, tiny_ckpt, tmp_path, monkeypatch):
+    """ComfyUI's node list (INPUT_TYPES) offers what the embedded B finds under A's folders before any run: the
+    cluster joined as ``local``, or not joined yet (the node's default); no connection to a B is needed."""
+    f = _b_models_tree(tmp_path / "models", tiny_ckpt)
+    monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "models"))
+    want = ["MiniMax-H3", "diffusion_models/" + f.name, *catalog.TINY_CHOICES]
+    choices, opts = N.H3RemoteDiT.INPUT_TYPES()["required"]["model_path"]
+    assert choices == want and opts["default"] == "MiniMax-H3"
+    assert "builds or refreshes its node list" in opts["tooltip"]
+    assert session.status()["models"]["B"] == want
+    monkeypatch.setattr(session.CLUSTER, "mode", "")  # ComfyUI just started: nothing joined yet
+    assert N.H3RemoteDiT.INPUT_TYPES()["required"]["model_path"][0] == want
+
+
+def test_a_name_b_lists_runs_an_absolute_path_too_and_an_unknown_name_is_refused(local_host, tiny_cache, tiny_ckpt,
+                                                                                  tmp_path, monkeypatch):
+    """The names B lists are what H3RemoteDiT sends: B resolves them (on start and on a reconfigure), serves the
+    same model under its absolute path without reloading, and refuses a name it cannot find in one sentence."""
+    import ray
+
+    from comfy_h3_nodes.engine.contract.errors import ModelFolderError
+
+    root = tmp_path / "models"
+    _b_models_tree(root, tiny_ckpt)
+    monkeypatch.setenv("H3_MODEL_DIRS", str(root))
+    roots = ", ".join([str(root), str(root / "diffusion_models"), str(root / "unet")])
+    first = _connect("h3_dit_names")["result"][0]
+    try:
+        out = _connect("h3_dit_names", model="MiniMax-H3")  # a reconfigure to a name: B resolves it
+        ex = out["result"][0]
+        assert "model tiny-random -> MiniMax-H3" in out["ui"]["h3_timing"][0]["summary"]["reconfigured"]
+        h = ray.get(ex.b.health.remote(), timeout=10)
+        assert h["model"] == str(root / "MiniMax-H3") and h["model_name"] == "MiniMax-H3"
+        enc = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa")["result"][0]
+        cond = N.H3TextEncode().encode(enc, PROMPT, 64, 64, 124)["result"][0]
+        res = asyncio.run(N.H3RemoteDenoise().denoise(ex, cond, 1, 3, unique_id="5"))
+        assert res["ui"]["h3_timing"][0]["summary"]["ran"]["model"] == str(root / "MiniMax-H3")
+        # the same model by its name again, or by its absolute path (saved workflows): nothing reloads
+        assert _connect("h3_dit_names", model="MiniMax-H3")["ui"]["h3_timing"][0]["summary"]["reconfigured"] is None
+        assert _connect("h3_dit_names", model=str(root / "MiniMax-H3"))["ui"]["h3_timing"][0]["summary"][
+            "reconfigured"] is None
+        with pytest.raises(ModelFolderError) as err:  # a running B keeps its model and says why not
+            _connect("h3_dit_names", model="Nope")
+        msg = str(err.value)
+        assert msg.startswith(f"machine B has no model 'Nope' under its model roots ({roots}); choose a model B has "
+                              "in H3RemoteDiT's model_path, or 'tiny-random'") and "\n" not in msg
+        assert ray.get(ex.b.health.remote(), timeout=10)["model_name"] == "MiniMax-H3"
+    finally:
+        ray.kill(first.b, no_restart=True)
+        session.forget("h3_dit_names")
+    with pytest.raises(ModelFolderError) as err:  # a new worker: refused before it starts
+        _connect("h3_dit_names_new", model="Nope")
+    assert str(err.value) == (f"machine B has no model 'Nope' under its model roots ({roots}); choose a model B has "
+                              "in H3RemoteDiT's model_path, or 'tiny-random' to try the pack without weights.")
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("h3_dit_names_new")]
+    # a new worker started on a name (the file under diffusion_models/) runs it as the node's partition
+    out = _connect("h3_dit_names_file", model="diffusion_models/minimax_h3_t2va_tiny.safetensors")
+    ex = out["result"][0]
+    try:
+        h = ray.get(ex.b.health.remote(), timeout=10)
+        assert h["model"] == str(root / "diffusion_models" / "minimax_h3_t2va_tiny.safetensors")
+        assert h["model_name"] == "diffusion_models/minimax_h3_t2va_tiny.safetensors"
+        assert out["ui"]["h3_timing"][0]["summary"]["b_models"][:2] == [
+            "MiniMax-H3", "diffusion_models/minimax_h3_t2va_tiny.safetensors"]
+    finally:
+        ray.kill(ex.b, no_restart=True)
+        session.forget("h3_dit_names_file")

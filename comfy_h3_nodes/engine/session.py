@@ -21,8 +21,15 @@ _lock = threading.RLock()
 TIMINGS = TimingLog()
 _encoders: dict[tuple, object] = {}
 _executors: dict[tuple, object] = {}
-#: what machine B reported it has (its model pickers' choices), from the last connection
+#: what machine B has (its model picker's choices, named relative to its model roots): B's last answer, or what the
+#: embedded B would find under A's roots (:func:`b_model_list`)
 B_MODELS: list[str] = []
+#: the longest ComfyUI's node list (``INPUT_TYPES``) waits for B's answer; a later answer is taken the next time
+PICKER_BOUND_S = 2.0
+#: how long a fresh list serves again (ComfyUI asks ``INPUT_TYPES`` once per node when it validates a prompt)
+PICKER_REUSE_S = 3.0
+_models_lock = threading.Lock()  # B's list only: never held while B is asked or an executor starts
+_asked: dict = {"pending": None, "at": 0.0}  # the call to B not answered yet (handle, ref); when a list was fresh
 #: A's model roots, which B searches too when it has none (the embedded cluster: B is this machine); set by the nodes
 A_MODEL_ROOTS: list[str] = []
 
@@ -110,22 +117,67 @@ def adopt_cluster(address: str) -> None:
 
 
 def b_model_choices() -> list[str]:
-    """The choices of H3RemoteDiT's model picker: what B reported at the last connection, and the tiny ones."""
-    with _lock:
+    """The choices of H3RemoteDiT's model picker as last known (no call to B): B's models, and the tiny ones."""
+    with _models_lock:
         return list(dict.fromkeys([*B_MODELS, *catalog.TINY_CHOICES]))
 
 
-def refresh_b_models(ex) -> list[str]:
-    """Ask B which models it has (bounded); keeps the last answer when B does not give one."""
+def _keep(models: list[str]) -> None:
+    with _models_lock:
+        B_MODELS[:] = models
+
+
+def refresh_b_models(ex, timeout: float | None = None) -> list[str]:
+    """Ask B which models it has, waiting at most ``timeout`` (else the health bound); keeps the last answer when B
+    does not give one in time. A call B has not answered yet is waited for again next time, not repeated."""
     import ray  # noqa: PLC0415 - Ray loads when a node first runs, not at ComfyUI's load
 
+    bound = ex.timeouts.health if timeout is None else min(timeout, ex.timeouts.health)
     try:
-        found = ray.get(ex.b.models.remote(list(A_MODEL_ROOTS) if CLUSTER.mode == "local" else None),
-                        timeout=ex.timeouts.health)["models"]
-    except Exception:  # noqa: BLE001 - the picker keeps its last list; health errors are reported elsewhere
+        with _models_lock:
+            pending = _asked["pending"]
+        if pending is None or pending[0] is not ex.b:
+            pending = (ex.b, ex.b.models.remote(list(A_MODEL_ROOTS) if CLUSTER.mode == "local" else None))
+            with _models_lock:
+                _asked["pending"] = pending
+        answer = ray.get(pending[1], timeout=bound)
+    except ray.exceptions.GetTimeoutError:  # B is slow to answer: the picker keeps its list, the call stays asked
         return b_model_choices()
-    with _lock:
-        B_MODELS[:] = found
+    except Exception:  # noqa: BLE001 - the picker keeps its last list; health errors are reported elsewhere
+        with _models_lock:
+            _asked["pending"] = None
+        return b_model_choices()
+    with _models_lock:
+        if _asked["pending"] is pending:
+            _asked["pending"] = None
+        _asked["at"] = time.monotonic()
+    ex._b_roots = answer.get("roots")  # B's own roots (None: it searches A's, as the embedded cluster's B does)
+    _keep(answer["models"])
+    return b_model_choices()
+
+
+def b_model_list(bound: float = PICKER_BOUND_S) -> list[str]:
+    """H3RemoteDiT's choices when ComfyUI builds or refreshes its node list (``INPUT_TYPES``), fresh where that is
+    cheap and bounded: the embedded cluster's B (``local``, and before this process joined any cluster, the node's
+    default) searches A's model roots, so they are listed here without Ray; a B of another machine (or one with
+    roots of its own) is asked through the connection this process has, waiting at most ``bound`` seconds (on
+    time-out the last list stays). Without a connection: the last list. Never raises."""
+    try:
+        try:
+            executors = list(_executors.values())
+        except RuntimeError:  # changed while copied (an executor starting): the last list
+            executors = []
+        if CLUSTER.mode in ("", "local"):
+            executors = [e for e in executors if getattr(e, "_b_roots", None)]  # B with roots of its own
+            if not executors:
+                _keep(catalog.named_models(A_MODEL_ROOTS))
+                return b_model_choices()
+        if executors:
+            with _models_lock:
+                recent = time.monotonic() - _asked["at"] < PICKER_REUSE_S
+            return b_model_choices() if recent else refresh_b_models(executors[-1], timeout=bound)
+    except Exception:  # noqa: BLE001 - ComfyUI's node list must build: the last list
+        pass
     return b_model_choices()
 
 
@@ -145,6 +197,7 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
             _drop(key)  # joined a new cluster since: its actor handles are gone
             ex = None
         if ex is not None:
+            ex.bclient.config.search_roots = tuple(A_MODEL_ROOTS)  # where B looks a model name up (A's, may change)
             try:
                 health = ex.check_health()
             except Exception:  # noqa: BLE001 - the B actor or its node went away: rebuild once, below
@@ -155,7 +208,8 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
                 return ex
         ex = H3Executor(None, BConfig(str(model_path), partition=partition, dtype=dtype,
                                       attention_backend=attention_backend, precision=precision, name=name,
-                                      namespace=namespace, threads=threads), timeouts=timeouts, actors=actors,
+                                      namespace=namespace, threads=threads, search_roots=tuple(A_MODEL_ROOTS)),
+                        timeouts=timeouts, actors=actors,
                         parallel=parallel)
         ex.start()
         ex._cluster_started = CLUSTER.started

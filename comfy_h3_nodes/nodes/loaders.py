@@ -118,7 +118,8 @@ class H3RemoteDiT:
 
     @classmethod
     def INPUT_TYPES(cls):
-        models = session.b_model_choices()
+        session.A_MODEL_ROOTS[:] = a_model_roots()  # what a 'local' B searches
+        models = session.b_model_list()  # fresh: ComfyUI builds (or refreshes) its node list now
         return {"required": {
             "cluster_address": ("STRING", {"default": "local", "tooltip": "'local' or the Ray head host:port"}),
             "actor_name": ("STRING", {"default": "h3_dit*", "tooltip": (
@@ -127,8 +128,12 @@ class H3RemoteDiT:
                 "start it soonest; a worker lost mid-request hands it to another")}),
             "namespace": ("STRING", {"default": "comfy_h3"}),
             "model_path": (models, {"default": catalog.default_choice(models), "tooltip": (
-                "model on machine B: the list is what B reported at the last connection (run once, then Refresh); "
-                f"a typed path on B works too. '{TINY}' is a tiny random model B builds on first use.")}),
+                "model on machine B, named like ComfyUI's own pickers: relative to the B model root it lies under "
+                "(a MiniMax-H3 folder or a transformer file; absolute where two roots hold the same name). The list "
+                "is filled each time ComfyUI builds or refreshes its node list (R): asked of B when this ComfyUI is "
+                f"connected to it (at most {session.PICKER_BOUND_S:.0f} s, else the last list), and for 'local' (the "
+                "default, also before the first run) what its B finds in this machine's model folders. An absolute "
+                f"path on B works too. '{TINY}' is a tiny random model B builds on first use.")}),
             "partition": (list(PARTITIONS), {"default": "transformer", "tooltip": (
                 "the partition B loads first; B switches to what each workflow needs (ref2va: transformer_ref), or "
                 "holds both when its memory plan allows. A transformer file as model_path is this partition (one named "

@@ -67,6 +67,9 @@ class BConfig(SideConfig):
     #: FastH3 (VSA) checkpoints: the block-sparse kernel ("auto", "torch", "triton", "fastvideo"; None:
     #: $H3_VSA_KERNEL, else auto). See engine/model/vsa_kernels.py.
     vsa_kernel: str | None = None
+    #: where a worker with no model roots of its own looks up a model name (``MiniMax-H3``, relative as the pickers
+    #: list it): A's model roots, which the embedded cluster's B and A's DiT rank share; B's own roots come first
+    search_roots: tuple = ()
 
 
 @dataclass

@@ -97,7 +97,9 @@ class BClient:
         """The load-time settings of this caller that a running worker (its ``health``) does not serve:
         ``{key: new}``. The partition is not one of them: B swaps per request, and every record says which ran."""
         want, changes = self.config, {}
-        if want.model_dir and not catalog.same_model(want.model_dir, b.get("model") or b["model_dir"]):
+        # a name as B's picker lists it (relative to B's model roots) is the model B serves under that name
+        if (want.model_dir and not catalog.same_model(want.model_dir, b.get("model") or b["model_dir"])
+                and want.model_dir.strip() != b.get("model_name")):
             changes["model_dir"] = want.model_dir
         if want.dtype != b["dtype"]:
             changes["dtype"] = want.dtype
@@ -125,7 +127,9 @@ class BClient:
         desc = ", ".join(f"{SETTING_NAMES[k]} {have[k]} -> {v}" for k, v in changes.items())
         log.info("B actor %r serves other settings; reconfiguring it: %s", self.config.name, desc)
         try:
-            done = ray.get(actor.reconfigure.remote(changes), timeout=self.timeouts.start)
+            # where a worker without model roots of its own looks the name up (A's model roots: the embedded B)
+            ask = {**changes, "search_roots": list(self.config.search_roots)} if "model_dir" in changes else changes
+            done = ray.get(actor.reconfigure.remote(ask), timeout=self.timeouts.start)
         except ray.exceptions.GetTimeoutError as exc:
             raise H3Timeout(f"B did not finish reconfiguring ({desc}) within {self.timeouts.start:.0f} s.") from exc
         except ray.exceptions.RayError as exc:
@@ -138,7 +142,7 @@ class BClient:
                 f"could not switch: {first_line(inner).rstrip('.')}. Set the node to what B serves, "
                 "or fix the cause above."
             ) from None
-        if primary:
+        if primary and done.get("changed", True):  # B found nothing to change (a name for what it serves): no news
             self.last_reconfigure = f"{desc} ({done['seconds']:.1f} s)"
         return True
 

@@ -165,6 +165,22 @@ def same_model(a: str, b: str) -> bool:
     return os.path.realpath(os.path.expanduser(a)) == os.path.realpath(os.path.expanduser(b))
 
 
+#: (path, mtime, size) -> whether the file is an H3 transformer: a picker lists on every node-list build, a file's
+#: keys are read once
+_H3_FILES: dict[tuple, bool] = {}
+
+
+def _is_h3_file(c: pathlib.Path, formats) -> bool:
+    try:
+        st = c.stat()
+    except OSError:
+        return False
+    key = (str(c.absolute()), st.st_mtime_ns, st.st_size)
+    if key not in _H3_FILES:
+        _H3_FILES[key] = formats.is_h3_transformer(c)
+    return _H3_FILES[key]
+
+
 def find_transformer_files(roots: Iterable[str | os.PathLike], depth: int = SEARCH_DEPTH + 1) -> list[str]:
     """Every ``.safetensors`` / ``.gguf`` file under ``roots`` (at most ``depth`` levels down) that is a MiniMax-H3
     transformer B can load, recognised by its keys (``formats.is_h3_transformer``: headers only, never the name);
@@ -182,10 +198,55 @@ def find_transformer_files(roots: Iterable[str | os.PathLike], depth: int = SEAR
         try:
             found.update(str(c.absolute()) for c in d.iterdir()
                          if c.suffix.lower() in (".safetensors", ".gguf") and not c.name.startswith(".")
-                         and c.is_file() and formats.is_h3_transformer(c))
+                         and c.is_file() and _is_h3_file(c, formats))
         except OSError:
             continue
     return sorted(found)
+
+
+def _relative(path: str, bases: list[str]) -> tuple[int, str] | None:
+    """``(i, name)``: ``path`` relative to the first of ``bases`` (absolute) it lies under; None under none."""
+    for i, base in enumerate(bases):
+        if path != base and os.path.commonpath([base, path]) == base:
+            return i, os.path.relpath(path, base)
+    return None
+
+
+def name_under(path: str, roots: Iterable[str | os.PathLike]) -> str:
+    """The name a picker gives ``path``, as ComfyUI names its models: relative to the first of ``roots`` it lies
+    under, when that name leads back to it (no earlier root holds the same name); else the absolute path. The tiny
+    choices stay as they are."""
+    if is_tiny(path):
+        return path
+    path = os.path.abspath(os.path.expanduser(str(path)))
+    bases = [os.path.abspath(os.path.expanduser(str(r))) for r in roots]
+    rel = _relative(path, bases)
+    if rel is None or any(os.path.exists(os.path.join(b, rel[1])) for b in bases[:rel[0]]):
+        return path
+    return rel[1]
+
+
+def named_models(roots: Iterable[str | os.PathLike]) -> list[str]:
+    """What H3RemoteDiT's picker offers for a machine with these model roots: its diffusers folders, then its
+    transformer files (:func:`find_models`, :func:`find_transformer_files`), each named relative to the root it was
+    found under (``MiniMax-H3``, ``diffusion_models/minimax_h3_t2va_fp8.safetensors``; a model under two nested roots
+    by the first), absolute where a name would be ambiguous (two roots give the same one, or an earlier root holds
+    it); then the tiny choices. B resolves such a name against the same roots (``remote_worker.model_roots``)."""
+    roots = [str(r) for r in roots]
+    bases = [os.path.abspath(os.path.expanduser(r)) for r in roots]
+    seen: set[str] = set()
+    found: list[tuple[int, str, str | None]] = []  # (0 folder / 1 file, path, its name relative to its root)
+    for root in roots:
+        for kind, paths in enumerate((find_models([root]), find_transformer_files([root]))):
+            for p in paths:
+                key = os.path.realpath(p)
+                if key not in seen:
+                    seen.add(key)
+                    rel = _relative(os.path.abspath(p), bases)
+                    found.append((kind, p, rel[1] if rel else None))
+    rels = [r for _, _, r in found]
+    out = [(kind, p if r is None or rels.count(r) > 1 else name_under(p, roots)) for kind, p, r in found]
+    return [*sorted(n for k, n in out if k == 0), *sorted(n for k, n in out if k == 1), *TINY_CHOICES]
 
 
 # ---------------------------------------------------------------------------------------------------- A's part files
