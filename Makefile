@@ -41,8 +41,10 @@ browser-deps:
 demo: $(STAMP)
 	$(PY) -m comfy_h3_nodes demo
 
+# TESTS=<files> runs only those test files (CI runs two of them beside the rest)
+TESTS ?= tests
 test: browser-deps $(STAMP)
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(TESTS) $(PYTEST_ARGS)
 	node --test tests/web/
 
 bench: $(STAMP)
