@@ -426,7 +426,9 @@ def test_pack_loads_with_nodes_web_files_and_routes(comfyui):
     assert info["H3SaveVideo"]["output_node"] is True
     # the model pickers: what A's `diffusers` model folders hold, then tiny-random; B's list before any connection
     a_choices = info["H3LoadEncoders"]["input"]["required"]["model_path"][0]
-    assert str(comfyui.found_model) in a_choices and a_choices[-1] == TINY, a_choices
+    # A's folders named as ComfyUI names its models: relative to its diffusers folder, no absolute paths
+    assert FOUND_MODEL in a_choices and a_choices[-1] == TINY, a_choices
+    assert not any(c.startswith("/") for c in a_choices), a_choices
     # B's before any run: 'local' (the default) is a B that searches A's folders, named as ComfyUI names its models
     b_choices = info["H3RemoteDiT"]["input"]["required"]["model_path"][0]
     assert FOUND_MODEL in b_choices and b_choices[-1] == TINY, b_choices
@@ -709,7 +711,7 @@ def test_template_runs_to_mp4_with_tiny_random(comfyui, name, tmp_path, capsys):
 
     status, _, body = asyncio.run(_get(comfyui, "/api/h3/status"))
     models = json.loads(body)["models"]
-    assert models["B"] == b_models and str(comfyui.found_model) in models["A"] and models["A"][-1] == TINY, models
+    assert models["B"] == b_models and FOUND_MODEL in models["A"] and models["A"][-1] == TINY, models
 
     # each request's stages, as the panel reads them
     for rid in rids:

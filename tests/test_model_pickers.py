@@ -38,7 +38,13 @@ def test_find_models_lists_checkpoint_folders_under_the_roots(tmp_path):
     c = _fake_model(tmp_path / "root2" / "Other")
     found = catalog.find_models([tmp_path / "root1", tmp_path / "root2", tmp_path / "missing"])
     assert found == sorted([str(a), str(b), str(c)])
-    assert catalog.choices([tmp_path / "root2"]) == [str(c), *catalog.TINY_CHOICES]
+    assert catalog.choices([tmp_path / "root2"]) == ["Other", *catalog.TINY_CHOICES]  # named as ComfyUI names
+    assert catalog.choices([tmp_path / "root1", tmp_path / "root2"]) == [
+        "MiniMax-H3", "Other", "vendor/FastH3-v1", *catalog.TINY_CHOICES]
+    roots = [tmp_path / "root1", tmp_path / "root2"]
+    assert catalog.resolve("vendor/FastH3-v1", roots=roots) == str(b)  # each name leads back to its folder
+    assert catalog.resolve("Other", roots=roots) == str(c)
+    assert catalog.resolve(str(a), roots=roots) == str(a)  # an absolute path as typed
     assert catalog.choices([]) == [*catalog.TINY_CHOICES] == ["tiny-random-fasth3", "tiny-random"]
 
 
@@ -47,7 +53,8 @@ def test_load_encoders_picker_lists_a_model_folders_and_tiny(tmp_path, monkeypat
     monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "diffusers"))
     set_host(LocalHost())
     choices, opts = N.H3LoadEncoders.INPUT_TYPES()["required"]["model_path"]
-    assert choices == [str(model), *catalog.TINY_CHOICES] and opts["default"] == str(model)
+    assert choices == ["MiniMax-H3", *catalog.TINY_CHOICES] and opts["default"] == "MiniMax-H3"
+    assert catalog.resolve("MiniMax-H3", roots=[tmp_path / "diffusers"]) == str(model)
     monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "none"))
     choices, opts = N.H3LoadEncoders.INPUT_TYPES()["required"]["model_path"]
     assert choices == [*catalog.TINY_CHOICES] and opts["default"] == catalog.TINY  # a newcomer's node just works
@@ -60,6 +67,22 @@ def test_a_model_path_is_checked_and_points_at_tiny_random(tmp_path, tiny_ckpt):
     assert "/models/MiniMax-H3 does not exist" in msg and "choose 'tiny-random'" in msg
     msg = N.H3LoadEncoders.VALIDATE_INPUTS(model_path=str(tmp_path))
     assert "no modular_model_index.json" in msg and "tiny-random" in msg
+
+
+def test_a_model_picked_by_its_short_name_is_checked_and_loads(tmp_path, tiny_ckpt, monkeypatch):
+    """The picker's name (relative to ComfyUI's diffusers folder) is what a saved workflow holds: it validates and
+    loads that folder; a name under no root is refused naming it."""
+    root = tmp_path / "diffusers"
+    (root / "vendor").mkdir(parents=True)
+    (root / "vendor" / "H3-tiny").symlink_to(tiny_ckpt, target_is_directory=True)
+    monkeypatch.setenv("H3_MODEL_DIRS", str(root))
+    set_host(LocalHost())
+    assert "vendor/H3-tiny" in N.H3LoadEncoders.INPUT_TYPES()["required"]["model_path"][0]
+    assert N.H3LoadEncoders.VALIDATE_INPUTS(model_path="vendor/H3-tiny") is True
+    msg = N.H3LoadEncoders.VALIDATE_INPUTS(model_path="vendor/elsewhere")
+    assert "vendor/elsewhere" in msg and "tiny-random" in msg
+    out = N.H3LoadEncoders().load("vendor/H3-tiny", "float32", "sdpa")
+    assert out["result"][0].model_dir.resolve() == pathlib.Path(tiny_ckpt).resolve()
 
 
 def test_runner_accepts_a_typed_path_for_a_picker_and_refuses_a_missing_one(tiny_ckpt):

@@ -66,7 +66,7 @@ class H3LoadEncoders:
             raise ModelFolderError(err)
         parts = {name: catalog.resolve_part(choice, name, host().model_folders(PART_INPUTS[name][0]))
                  for name, choice in (("text_encoder", text_encoder), ("vae", vae), ("audio_vae", audio_vae))}
-        enc, loaded_now = session.encoders(catalog.resolve(model_path), dtype, attention_backend, parts=parts,
+        enc, loaded_now = session.encoders(catalog.resolve(model_path, roots=a_model_roots()), dtype, attention_backend, parts=parts,
                                            tokenizer_dirs=tuple(host().tokenizer_folders()),
                                            held_elsewhere=host().held_elsewhere())
         # the host accounts for A's models from here on (ComfyUI: as its own loaded models, which /free and its
@@ -102,7 +102,7 @@ def check_a_model(model_path) -> str | bool:
     if not isinstance(model_path, str) or not model_path.strip():
         return f"model_path is empty; choose a model folder, or {TINY!r} to try the pack without weights."
     try:
-        check_model_dir(model_path.strip(), A_COMPONENTS)
+        check_model_dir(catalog.resolve(model_path, roots=a_model_roots()), A_COMPONENTS)
     except ModelFolderError as exc:
         return f"{exc} To try the pack without weights, choose {TINY!r}."
     return True

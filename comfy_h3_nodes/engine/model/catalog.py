@@ -111,11 +111,18 @@ def _file_lock(path: pathlib.Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def resolve(choice: str, announce=print) -> str:
-    """The folder a picker choice names: the tiny ones are built on first use; a path is returned as typed."""
+def resolve(choice: str, announce=print, roots: Iterable[str | os.PathLike] = ()) -> str:
+    """The folder a picker choice names: the tiny ones are built on first use; a name relative to one of ``roots``
+    (what :func:`choices` offers) is that folder under the first root holding it; any other path as typed."""
     if is_tiny(choice):
         return str(tiny_checkpoint_dir(announce, tiny_name(choice)))
-    return os.path.expanduser(str(choice).strip())
+    text = os.path.expanduser(str(choice).strip())
+    if text and not os.path.isabs(text):
+        for root in roots:
+            candidate = os.path.join(os.path.expanduser(str(root)), text)
+            if os.path.exists(candidate):
+                return candidate
+    return text
 
 
 def _walk(roots: Iterable[str | os.PathLike], depth: int, stop) -> Iterable[pathlib.Path]:
@@ -149,8 +156,11 @@ def find_models(roots: Iterable[str | os.PathLike], depth: int = SEARCH_DEPTH) -
 
 
 def choices(roots: Iterable[str | os.PathLike]) -> list[str]:
-    """What a model picker offers: the models found under ``roots``, then the tiny ones (``tiny-random`` last)."""
-    return [*find_models(roots), *TINY_CHOICES]
+    """What A's model picker offers: the models found under ``roots``, named as ComfyUI names its models (relative
+    to the root each lies under, absolute where that name would be ambiguous: :func:`name_under`), then the tiny
+    ones (``tiny-random`` last). :func:`resolve` with the same roots turns a name back into its folder."""
+    roots = [str(r) for r in roots]
+    return [*sorted(name_under(p, roots) for p in find_models(roots)), *TINY_CHOICES]
 
 
 def default_choice(choices: list[str]) -> str:
