@@ -1696,3 +1696,61 @@ def test_template_wall_times(capsys):
     with capsys.disabled():
         print(f"\n[h3] template wall times in real ComfyUI (goal {TEMPLATE_GOAL_S:.0f} s per video): "
               + ", ".join(f"{k} {v:.1f} s" for k, v in WALL_S.items()))
+
+
+#: JS: what the page shows of H3RemoteDenoise's preview and H3SaveVideo's video after a run: the images and videos
+#: in each node's DOM (Vue nodes), node.imgs, the readout widget's place and height, the node's size.
+JS_MEDIA = """() => window.app.graph.nodes.filter((n) => ['H3RemoteDenoise', 'H3SaveVideo'].includes(n.type)).map((n) => {
+  const el = document.querySelector(`[data-node-id="${n.id}"]`);
+  const vis = (e) => { const r = e.getBoundingClientRect(); return r.width > 0 && r.height > 0
+      && getComputedStyle(e).visibility !== 'hidden' && getComputedStyle(e).display !== 'none'; };
+  const rect = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const w = n.widgets?.find((w) => w.name === 'h3_timing');
+  const videos = [...document.querySelectorAll('video')].filter(vis).map(rect);
+  return { id: String(n.id), type: n.type, size: [n.size[0], n.size[1]], pos: [n.pos[0], n.pos[1]],
+    node_rect: el ? rect(el) : null,
+    dom_imgs: el ? [...el.querySelectorAll('img')].filter(vis).map(rect) : null,
+    dom_videos: el ? [...el.querySelectorAll('video')].filter(vis).map(rect) : null,
+    all_videos: videos,
+    imgs: (n.imgs ?? []).map((i) => [i.tagName, i.naturalWidth ?? i.videoWidth, i.naturalHeight ?? i.videoHeight]),
+    image_index: n.imageIndex ?? null, images: (n.images ?? []).length,
+    widgets: (n.widgets ?? []).map((x) => ({ name: x.name, type: x.type, y: x.y ?? x.last_y ?? null,
+      h: x.computedHeight ?? null, size: x.computeSize ? x.computeSize(n.size[0]) : null,
+      lay: x.computeLayoutSize ? x.computeLayoutSize(n) : null })),
+    readout: w?.element ? { rect: rect(w.element), client: w.element.clientHeight, scroll: w.element.scrollHeight } : null,
+  };
+})"""
+
+
+@FRONTENDS
+@MODES
+def test_previews_in_their_place_after_a_run(comfyui_frontends, browser, version, vue):
+    """Issue #30 (previews in their place), what this ComfyUI shows (its preview method is none, so H3RemoteDenoise
+    keeps no preview image here): after a run from the page, H3RemoteDenoise shows at most one image and keeps its
+    height; H3SaveVideo shows one video, inside its node's box, and no stale node.imgs beside it."""
+    server = comfyui_frontends(version)
+    page = ComfyPage(server, browser, vue=vue, version=version)
+    try:
+        page.open_file(BROWSER_TEMPLATE, _template(BROWSER_TEMPLATE)[1])
+        page.settle(800)
+        before = {n["type"]: n for n in page.page.evaluate(JS_MEDIA)}
+        _queue_and_wait(page)
+        page.settle(1500)
+        after = {n["type"]: n for n in page.page.evaluate(JS_MEDIA)}
+        boxes = {b["type"]: b["box"] for b in page.boxes()}
+        page.shot("media_after")
+        den, save = after["H3RemoteDenoise"], after["H3SaveVideo"]
+        if vue:
+            assert len(den["dom_imgs"]) <= 1, den
+            if not den["dom_imgs"]:  # no preview kept: the node keeps the height it opened with
+                assert abs(den["size"][1] - before["H3RemoteDenoise"]["size"][1]) <= 1, (before["H3RemoteDenoise"], den)
+        videos = [v for v in save["all_videos"]
+                  if boxes["H3SaveVideo"][0] - 2 <= v[0] and v[2] <= boxes["H3SaveVideo"][2] + 2]
+        assert len(videos) == 1, (save, boxes["H3SaveVideo"])
+        (l, t, r, b), (bl, bt, br, bb) = videos[0], boxes["H3SaveVideo"]
+        assert bl - 2 <= l and r <= br + 2 and bt - 2 <= t and b <= bb + 2, ("video outside its node", videos[0], boxes)
+        assert all(tag == "VIDEO" for tag, *_ in save["imgs"]), ("stale node.imgs beside the video", save["imgs"])
+        page.assert_clean()
+    finally:
+        page.close()
+        _http_json(server, "POST", f"/api/settings/{VUE_SETTING}", False)
