@@ -66,10 +66,9 @@ def resolve_model(config: dict, environ: dict | None = None) -> str:
     if not model or os.path.isabs(text):
         return text
     roots = name_roots(config, environ)
-    for root in roots:
-        cand = os.path.join(os.path.expanduser(root), text)
-        if os.path.exists(cand):
-            return os.path.abspath(cand)
+    found = catalog.under_roots(text, roots)
+    if found:
+        return found
     if not roots and os.path.exists(text):
         return os.path.abspath(text)
     where = f"under its model roots ({', '.join(roots)})" if roots else "and no model roots to look it up in"

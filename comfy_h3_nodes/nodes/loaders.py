@@ -66,7 +66,8 @@ class H3LoadEncoders:
             raise ModelFolderError(err)
         parts = {name: catalog.resolve_part(choice, name, host().model_folders(PART_INPUTS[name][0]))
                  for name, choice in (("text_encoder", text_encoder), ("vae", vae), ("audio_vae", audio_vae))}
-        enc, loaded_now = session.encoders(catalog.resolve(model_path, roots=a_model_roots()), dtype, attention_backend, parts=parts,
+        folder = catalog.resolve(model_path, roots=a_model_roots())
+        enc, loaded_now = session.encoders(folder, dtype, attention_backend, parts=parts,
                                            tokenizer_dirs=tuple(host().tokenizer_folders()),
                                            held_elsewhere=host().held_elsewhere())
         # the host accounts for A's models from here on (ComfyUI: as its own loaded models, which /free and its

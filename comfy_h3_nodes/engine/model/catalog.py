@@ -117,12 +117,19 @@ def resolve(choice: str, announce=print, roots: Iterable[str | os.PathLike] = ()
     if is_tiny(choice):
         return str(tiny_checkpoint_dir(announce, tiny_name(choice)))
     text = os.path.expanduser(str(choice).strip())
-    if text and not os.path.isabs(text):
-        for root in roots:
-            candidate = os.path.join(os.path.expanduser(str(root)), text)
-            if os.path.exists(candidate):
-                return candidate
-    return text
+    return (under_roots(text, roots) if text else None) or text
+
+
+def under_roots(name: str, roots: Iterable[str | os.PathLike], exists=os.path.exists) -> str | None:
+    """The absolute path of a picker name (relative) under the first of ``roots`` where ``exists`` holds for it, as
+    ComfyUI looks a model name up in its folders; None for an absolute path or a name no root holds."""
+    if os.path.isabs(name):
+        return None
+    for root in roots:
+        candidate = os.path.join(os.path.expanduser(str(root)), name)
+        if exists(candidate):
+            return os.path.abspath(candidate)
+    return None
 
 
 def _walk(roots: Iterable[str | os.PathLike], depth: int, stop) -> Iterable[pathlib.Path]:
@@ -306,12 +313,7 @@ def resolve_part(choice, component: str, roots: Iterable[str | os.PathLike] = ()
     if is_tiny(choice):
         return str(tiny_part_path(component, announce))
     text = os.path.expanduser(str(choice).strip())
-    if not os.path.isabs(text):
-        for root in roots:
-            cand = pathlib.Path(os.path.expanduser(str(root))) / text
-            if cand.is_file():
-                return str(cand.absolute())
-    return text
+    return under_roots(text, roots, exists=os.path.isfile) or text
 
 
 def tiny_part_path(component: str, announce=print) -> pathlib.Path:
