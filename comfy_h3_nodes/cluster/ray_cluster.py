@@ -397,14 +397,11 @@ class EmbeddedCluster:
         self.b_node = None
 
     def shutdown(self) -> None:
-        ray = _ray()
-
-        _untrack(self)
-        if ray.is_initialized():
-            ray.shutdown()
-        if self._cluster is not None:
-            self._cluster.shutdown()
-            self._cluster = None
+        """Disconnect this driver and stop the cluster at once. Ray's own ``Cluster.shutdown`` stops the processes
+        one by one with graceful waits: on a loaded machine the GCS could be gone for over 60 s while the rest still
+        stopped, and a GCS client of this process then ended the process ("Failed to connect to GCS within 60
+        seconds") before the caller got control back."""
+        self._stop_now(disconnect=True)
 
     def _stop_now(self, disconnect: bool) -> None:
         """Kill the whole cluster at once (process exit): freeze the processes Ray started (raylets, GCS, monitors) so
