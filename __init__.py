@@ -12,7 +12,12 @@ if _HERE not in sys.path:  # makes `comfy_h3_nodes` and `remote_worker` importab
 
 from comfy_h3_nodes.cluster.ray_cluster import install_exit_hooks  # noqa: E402
 from comfy_h3_nodes.host import register_routes  # noqa: E402
-from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS  # noqa: E402
+from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, plain_errors  # noqa: E402
+from comfy_h3_nodes.nodes.core_model import H3RemoteModel  # noqa: E402
+
+# ComfyUI's own samplers drive this one: it exists only inside ComfyUI, not in the headless runner's node set
+NODE_CLASS_MAPPINGS = {**NODE_CLASS_MAPPINGS, "H3RemoteModel": plain_errors(H3RemoteModel)}
+NODE_DISPLAY_NAME_MAPPINGS = {**NODE_DISPLAY_NAME_MAPPINGS, "H3RemoteModel": "H3 Remote Model (DiT on B)"}
 
 register_routes()
 # ComfyUI imports packs on its main thread, the only one that may set a signal handler; the embedded Ray cluster

@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -85,6 +85,8 @@ class DiTActorImpl(ResidentActorMixin):
         self._queue: dict[str, dict] = {}  # pool: announced denoises (enqueue), in arrival order, until they end
         self._step_s: deque = deque(maxlen=32)  # seconds of the last steps (the pool's wait estimate)
         self.recent: deque = deque(maxlen=50)
+        #: sampling contexts of ComfyUI's samplers (``forward``), by the id of the object A put them in
+        self._contexts: OrderedDict = OrderedDict()
         self.node_ip = ray.util.get_node_ip_address()
         self.machine = config.get("role") or "B"  # a DiT rank on A's machine (parallel denoise) says "A"
         log.info("DiT ready on %s (%s): %s", self.node_ip, self.machine, self.side.resident())
@@ -164,6 +166,54 @@ class DiTActorImpl(ResidentActorMixin):
                 # keep only the most recent progress entries
                 while len(self._progress) > 64:
                     self._progress.pop(next(iter(self._progress)))
+
+    # ------------------------------------------------------------------------------------------------ one forward
+    @ray.method(concurrency_group="denoise")
+    def forward(self, refs: list, call: wire.ForwardCall, wait_timeout: float = 60.0):
+        """One forward of a ComfyUI sampler on A (the remote ``MODEL``): ``refs[0]`` is the sampling's
+        :class:`wire.ForwardContext`, fetched once per sampling (bounded) and kept by its object id. Returns
+        ``(ForwardResult, info)``: ``info`` has B's clock at arrival and end, the compute seconds and, on the first
+        forward of a context, what fetching it took."""
+        arrived = time.time()
+        key = refs[0].hex()
+        info = {"arrived": arrived, "node_ip": self.node_ip}
+        entry = self._contexts.get(key)
+        if entry is None:
+            ctx, wait_s, fetch_s = receive(refs[0], wait_timeout, self.machine, "sampling context", call.sampling_id)
+            ctx.validate(text_dim=self.side.text_dim)
+            entry = (ctx, {name: t.to_torch() for name, t in ctx.tensors().items()})
+            self._contexts[key] = entry
+            while len(self._contexts) > 4:  # a few samplings in turn (CFG's two conds ride in one context)
+                self._contexts.popitem(last=False)
+            info.update(context_fetch_s=round(wait_s + fetch_s, 6), context_bytes=ctx.nbytes)
+        else:
+            self._contexts.move_to_end(key)
+        ctx, tensors = entry
+        call.validate(ctx)
+        sid = call.sampling_id
+        try:
+            video, audio, compute_s, reload_s = self.side.forward_rows(
+                tensors, call, should_cancel=lambda: sid in self._cancelled, request_id=sid)
+        except DenoiseCancelled:
+            with self._lock:
+                self._cancelled.discard(sid)
+            log.info("[%s] forward %d interrupted", sid, call.index)
+            raise
+        self._step_s.append(compute_s)
+        info.update(compute_s=compute_s, ended=time.time())
+        if reload_s:
+            info["reloaded_after_release_s"] = round(reload_s, 4)
+        if call.index == 0:
+            self.recent.append({"request_id": sid, "workflow": "comfyui sampler", "steps": 0,
+                                "compute_s": round(compute_s, 4), "finished": time.time(), "client": None})
+        return wire.ForwardResult(sid, call.index, wire.WireTensor.from_torch(video),
+                                  wire.WireTensor.from_torch(audio)), info
+
+    @ray.method(concurrency_group="control")
+    def transformer_file(self) -> dict:
+        """The transformer file ComfyUI's samplers run, as A's ComfyUI needs it to build its model (names, shapes,
+        dtypes, metadata; no weights)."""
+        return self.side.transformer_file()
 
     # ------------------------------------------------------------------------------------------------ decode share
     @ray.method(concurrency_group="denoise")

@@ -461,6 +461,74 @@ class BSide(Releasable):
             res.notes.append(state.note())
         return res
 
+    # ------------------------------------------------------------------------------------------------ one forward
+    def forward_rows(self, ctx: dict, call: wire.ForwardCall, should_cancel: Callable[[], bool] | None = None,
+                     request_id: str = "") -> tuple:
+        """One forward of diffusers' transformer for a sampler on A (ComfyUI's own, through the remote ``MODEL``):
+        ``ctx`` is the materialised :class:`wire.ForwardContext` (torch tensors by field name), ``call`` the
+        forward's target rows and timesteps. The guide and reference rows of the context fill the rows the sampler
+        does not denoise; only the target rows of diffusers' output go back. ``should_cancel`` is asked before
+        every transformer block (ComfyUI's interrupt stops a forward between blocks). Returns ``(video, audio,
+        compute_s, reload_s)``: float32 tensors of the call's shapes."""
+        with self._lock:
+            reload_s = self.reload_if_released()
+            if self.partition != "transformer" and "transformer" in self.resident_partitions:
+                self._activate("transformer")
+            self.adapters.activate(())  # a pack request's LoRA does not stay on ComfyUI's sampler
+            model = getattr(self._host, self.partition)
+            video, audio = call.video.to_torch(), call.audio.to_torch()
+            batch = video.shape[0]
+
+            def rows(target, cond, x):
+                out = torch.empty(batch, target.shape[0], x.shape[-1], dtype=torch.float32)
+                out[:, target] = x
+                out[:, ~target] = cond
+                return out.to(self.device)
+
+            vt, at = ctx["video_target"], ctx["audio_target"]
+            hooks = []
+            if should_cancel is not None:
+                def check(_module, _args):
+                    if should_cancel():
+                        raise DenoiseCancelled(f"request {request_id} was interrupted in forward {call.index} on B")
+                hooks = [b.register_forward_pre_hook(check) for b in model.transformer_blocks]
+            cuda = self.device.startswith("cuda")
+            t0 = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    out = model(hidden_states=rows(vt, ctx["cond_video"], video),
+                                audio_hidden_states=rows(at, ctx["cond_audio"], audio),
+                                encoder_hidden_states=ctx["text"].to(self.device),
+                                timestep=call.timestep.to_torch().to(self.device),
+                                timestep_indices=call.timestep_indices.to_torch().long().to(self.device),
+                                token_tags=ctx["token_tags"].to(self.device),
+                                position_ids=ctx["position_ids"].to(self.device),
+                                video_indices=ctx["video_indices"].to(self.device),
+                                audio_indices=ctx["audio_indices"].to(self.device),
+                                text_indices=ctx["text_indices"].to(self.device))
+                    v = out.sample[:, vt.to(self.device)].float().cpu()
+                    a = out.audio_sample[:, at.to(self.device)].float().cpu()
+                if cuda:
+                    torch.cuda.synchronize()
+            finally:
+                for h in hooks:
+                    h.remove()
+            return v, a, time.perf_counter() - t0, reload_s
+
+    def transformer_file(self) -> dict:
+        """The file of the partition ComfyUI's samplers run (``transformer``): its path, tensor names with shape and
+        dtype as stored, and its metadata, so that A's ComfyUI detects the model from the file as it would for a
+        local copy. A diffusers folder has no such file and is refused in one sentence."""
+        src = self.sources.get("transformer")
+        if src is None or src.kind != "single_file":
+            where = "none" if src is None else f"a {src.kind} ({src.path})"
+            raise formats.FormatError(
+                f"ComfyUI's own samplers need B's t2va transformer as one Comfy-Org .safetensors file, and B serves "
+                f"{where}: pick a minimax_h3_*.safetensors file (B's picker lists them).")
+        return {"path": str(src.path), "metadata": dict(src.metadata or {}),
+                "tensors": {k: [list(t.shape), t.dtype] for k, t in src.tensors.items()},
+                "dtype": self.dtype, "runs": memory_plan.runs_as(src, self.precision, self.dtype)}
+
     def _previewer(self, call: wire.DenoiseCall) -> preview.Previewer | None:
         """Previews when A asked for them, made by one rank only (rank 0 of a DiT group: the one A follows); factors
         for another channel count are refused before any step runs."""

@@ -526,6 +526,58 @@ def test_comfyuis_own_h3_graph_runs_to_a_video_beside_the_pack(comfyui):
     assert json.loads(facts["meta"]["prompt"])["4"]["inputs"]["unet_name"] == NATIVE_DIT
 
 
+# ------------------------------------------------------------------------------------------------ core_model
+#: the largest difference allowed between a sampling with core's local UNETLoader and with the DiT on B (same file,
+#: fp32 on both): diffusers' modules match ComfyUI's to about 5e-6 per forward (tests/comfyui_crosscheck.py); after
+#: three steps the tiny model's latents (magnitude about 3) differed by at most CORE_MODEL_MEASURED when measured
+CORE_MODEL_TOLERANCE = 1e-4
+
+
+def _core_model_prompt(remote: bool, name: str, **kw) -> dict:
+    """ComfyUI's own H3 graph (:func:`_native_h3_prompt`) with its sampler's latent kept (``H3TestSaveLatent``);
+    ``remote``: core's UNETLoader swapped for the pack's H3RemoteModel on the same file, fp32 on B."""
+    api = _native_h3_prompt(**kw)
+    if remote:
+        api["4"] = {"class_type": "H3RemoteModel", "inputs": {"unet_name": NATIVE_DIT, "dtype": "float32",
+                                                              "precision": "auto", "cluster_address": "local"}}
+    api["15"] = {"class_type": "H3TestSaveLatent", "inputs": {"samples": ["10", 0], "name": name}}
+    return api
+
+
+def _latents(comfyui, name: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(comfyui.output / f"{name}.safetensors"))
+
+
+def test_core_model_t2va_matches_core_unetloader_with_the_dit_on_b(comfyui):
+    """ComfyUI's own t2va graph (MiniMaxH3ImageToVideo without an image, SamplerCustomAdvanced, euler, 3 steps) on
+    the same tiny Comfy-Org file: once with core's UNETLoader, once with H3RemoteModel, where every forward runs on
+    B's resident DiT (diffusers' transformer). The sampled latents agree within CORE_MODEL_TOLERANCE; the sampler
+    node gets the readout (forwards, B compute, both hand-offs); A holds no DiT weights; the video is written."""
+    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, "core_local")))
+    _ok(messages, pid)
+    pid, messages, entry = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_remote")))
+    _ok(messages, pid)
+    local, remote = _latents(comfyui, "core_local"), _latents(comfyui, "core_remote")
+    assert sorted(local) == sorted(remote) == ["stream0", "stream1"], (sorted(local), sorted(remote))
+    diffs = {k: float((local[k] - remote[k]).abs().max()) for k in local}
+    scale = {k: float(local[k].abs().max()) for k in local}
+    print(f"core_model t2va: max abs diff {diffs}, magnitude {scale}")
+    assert all(d <= CORE_MODEL_TOLERANCE for d in diffs.values()), (diffs, scale)
+    assert all(float((local[k] - remote[k]).abs().max()) < float(local[k].abs().max()) for k in local)
+
+    timings = [t for t in _of(messages, "h3.timing", pid) if t["node_type"] == "sampler"]
+    assert len(timings) == 1 and timings[0]["node"] == "10", [t["node"] for t in timings]
+    (stage,) = timings[0]["stages"]
+    assert stage["stage"] == "sampling" and stage["info"]["forwards"] == 3, stage
+    assert stage["compute_s"] > 0 and stage["info"]["per_forward"]["bytes_a_to_b"] > 0, stage
+    assert "3 forwards on B" in stage["note"], stage["note"]
+    (video,) = entry["outputs"]["14"]["images"]
+    facts = _mp4_facts(comfyui.output / video["subfolder"] / video["filename"])
+    assert (facts["width"], facts["height"], facts["frames"]) == (64, 64, 22), facts
+
+
 # ------------------------------------------------------------------------------------------------ templates
 def _template(name: str) -> tuple[dict, dict]:
     """A shipped template as ``(api prompt, UI workflow)``, exactly as in example_workflows/."""

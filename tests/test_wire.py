@@ -192,7 +192,16 @@ def test_from_torch_non_contiguous_and_grad_tensors():
     assert torch.equal(wt(g * 2).to_torch(), (g * 2).detach())
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.complex64, torch.uint8, torch.bool], ids=str)
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bool], ids=str)
+def test_row_masks_and_timestep_indices_cross_as_bytes(dtype):
+    """Schema 5: the per-forward calls carry bool row masks and uint8 timestep indices, one byte per row."""
+    x = torch.tensor([0, 1, 1, 0], dtype=dtype)
+    w = wt(x)
+    assert w.dtype == str(dtype).removeprefix("torch.") and w.nbytes == 4
+    assert torch.equal(w.to_torch(), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex64, torch.int16, torch.int8], ids=str)
 def test_from_torch_refuses_dtypes_the_wire_cannot_carry(dtype):
     with pytest.raises(WireError) as err:
         wt(torch.zeros(2, dtype=dtype))

@@ -81,6 +81,11 @@ class ComfyHost:
     def prompt_id(self) -> str | None:
         return getattr(PromptServer.instance, "last_prompt_id", None)
 
+    def executing_node(self) -> str | None:
+        """The node ComfyUI executes now (a core sampler driving the pack's remote MODEL)."""
+        node = getattr(PromptServer.instance, "last_node_id", None)
+        return None if node is None else str(node)
+
     def send_event(self, event: str, data: dict) -> None:
         PromptServer.instance.send_sync(event, data, PromptServer.instance.client_id)
 

@@ -104,6 +104,9 @@ class LocalHost:
     def prompt_id(self) -> str | None:
         return self.current_prompt
 
+    def executing_node(self) -> str | None:
+        return None
+
     def send_event(self, event: str, data: dict) -> None:
         self.events.append((event, data))
         for listener in list(self.listeners):

@@ -137,6 +137,32 @@ class H3TestTinyVAE:
         return (vae,)
 
 
-NODE_CLASS_MAPPINGS = {"H3TestTinyCLIP": H3TestTinyCLIP, "H3TestTinyVAE": H3TestTinyVAE}
+class H3TestSaveLatent:
+    """A sampler's LATENT as it is (float32, every stream of a packed H3 latent) in ``output/<name>.safetensors``,
+    so that the real-ComfyUI suite compares two samplings to a tolerance (a video file would quantise them)."""
+    CATEGORY = "testing"
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+    FUNCTION = "save"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "name": ("STRING", {"default": "latent"})}}
+
+    def save(self, samples, name):
+        import os
+
+        import folder_paths
+        from safetensors.torch import save_file
+
+        x = samples["samples"]
+        streams = x.unbind() if getattr(x, "is_nested", False) else [x]
+        save_file({f"stream{i}": s.float().contiguous() for i, s in enumerate(streams)},
+                  os.path.join(folder_paths.get_output_directory(), f"{name}.safetensors"))
+        return {}
+
+
+NODE_CLASS_MAPPINGS = {"H3TestTinyCLIP": H3TestTinyCLIP, "H3TestTinyVAE": H3TestTinyVAE,
+                       "H3TestSaveLatent": H3TestSaveLatent}
 NODE_DISPLAY_NAME_MAPPINGS = {"H3TestTinyCLIP": "H3 test: tiny MiniMax-H3 CLIP",
                               "H3TestTinyVAE": "H3 test: tiny MiniMax-H3 VAE"}

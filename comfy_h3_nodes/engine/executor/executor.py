@@ -33,6 +33,8 @@ from ..model.backends import BACKENDS
 from .decode_plan import DecodePlan, DecodePlanner
 from .group import A_RANK_NAME, Groups
 from .pipeline import GenerationResult, Job, Pipeline, Slots
+from .failures import remote_error
+from .remote_forward import RemoteSampling
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,20 @@ class H3Executor:
         if bad is not None:
             raise H3Error(bad["error"])
         return answers[0]["path"]
+
+    # ------------------------------------------------------------------------------------------------ ComfyUI's samplers
+    def transformer_file(self) -> dict:
+        """The t2va transformer file B serves, as A's ComfyUI builds its model from it (names, shapes, dtypes,
+        metadata; bounded). A folder or a failure comes back as :class:`H3Error` with B's sentence."""
+        try:
+            return ray.get(self.b.transformer_file.remote(), timeout=self.timeouts.health)
+        except ray.exceptions.RayError as exc:
+            raise remote_error("B", "the transformer file's description", "-", exc) from None
+
+    def open_sampling(self) -> RemoteSampling:
+        """The forwards of one sampler run, on B's primary worker (the one this executor's health checks)."""
+        return RemoteSampling(self.b, self.bclient.config.name, clock_offset_s=self.clock_offset_s,
+                              forward_timeout=self.timeouts.stall, poll=self.timeouts.poll)
 
     # ------------------------------------------------------------------------------------------------ requests
     def encode(self, request: EncodeRequest, a=None) -> Conditioning:

@@ -1,0 +1,93 @@
+"""``H3RemoteModel``: ComfyUI's own ``MODEL`` for MiniMax-H3 with the DiT on machine B, for ComfyUI's own H3 graphs.
+
+Swap it for core's ``UNETLoader`` and keep every other node (``MiniMaxH3ImageToVideo``, ``BasicGuider`` /
+``CFGGuider``, ``KSampler`` or ``SamplerCustomAdvanced`` with any sampler and scheduler, ``VAEDecode``, ...): the model
+is ComfyUI's own (detected from the file B serves), and each forward the sampler makes runs on B's resident DiT
+(:mod:`..host.remote_model`). Registered only inside ComfyUI (the pack's root ``__init__``): outside it there is no
+sampler to drive it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..engine import session
+from ..engine.contract import request as rq
+from ..engine.contract.configs import DTYPES, PRECISIONS
+from ..engine.contract.timing import StageRecord
+from ..engine.model import catalog
+from ..host import host
+from .common import CATEGORY, report
+from .loaders import a_model_roots, connection_readout
+
+
+class H3RemoteModel:
+    DESCRIPTION = ("ComfyUI's MODEL for MiniMax-H3 whose DiT runs on machine B: use it in place of UNETLoader in "
+                   "ComfyUI's own H3 workflows. The sampler stays on this machine; each of its forwards runs on B's "
+                   "resident DiT, and the sampler node's readout shows the forwards and their transfers.")
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    RETURN_NAMES = ("model",)
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        session.A_MODEL_ROOTS[:] = a_model_roots()
+        models = [m for m in session.b_model_list() if m.endswith(".safetensors")] or session.b_model_list()
+        return {"required": {
+            "unet_name": (models, {"tooltip": (
+                "the Comfy-Org MiniMax-H3 transformer file on machine B (the name UNETLoader shows for the same file "
+                "in ComfyUI's diffusion_models folder)")}),
+            "dtype": (list(DTYPES), {"default": "bfloat16", "tooltip": "B's compute dtype (and the sampler's on A)"}),
+            "precision": (list(PRECISIONS), {"default": "auto"}),
+            "cluster_address": ("STRING", {"default": "local", "tooltip": "'local' or the Ray head host:port"}),
+        }, "optional": {
+            "actor_name": ("STRING", {"default": "h3_dit*"}),
+            "namespace": ("STRING", {"default": "comfy_h3"}),
+        }, "hidden": {"unique_id": "UNIQUE_ID"}}
+
+    @classmethod
+    def IS_CHANGED(cls, **kwargs):
+        return float("nan")  # B's health and settings are checked on every run
+
+    def load(self, unet_name, dtype, precision, cluster_address, actor_name="h3_dit*", namespace="comfy_h3",
+             unique_id=None):
+        from .. import placement  # noqa: PLC0415 - Ray and B's side load when the node runs
+        from ..host import remote_model  # noqa: PLC0415 - imports ComfyUI's model code: only inside ComfyUI
+        import torch  # noqa: PLC0415
+
+        t0, w0 = time.perf_counter(), time.time()
+        address = rq.check_cluster_address(cluster_address)
+        rq.check_actor_name(actor_name)
+        session.A_MODEL_ROOTS[:] = a_model_roots()
+        ex = session.dit(address, actor_name.strip(), namespace.strip(), unet_name.strip(), "transformer", dtype,
+                         "sdpa", precision=precision, actors=placement.ACTORS)
+        info = ex.transformer_file()
+        patcher = remote_model.build_model(info, ex.open_sampling, host().interrupted,
+                                           dtype=getattr(torch, dtype), on_done=sampling_readout)
+        note, extra = connection_readout(ex)
+        b = ex.last_health["B"]
+        rec = StageRecord("", "connect", "B", b.get("hostname") or b["node_ip"], w0, time.time(),
+                          compute_s=time.perf_counter() - t0,
+                          note=f"{note}; ComfyUI's MODEL of {catalog.name_under(info['path'], a_model_roots())}")
+        ui = report("H3RemoteModel", unique_id, [rec], "connect", extra={**extra, "status": rec.note})
+        return {"ui": ui, "result": (patcher,)}
+
+
+def sampling_readout(summary: dict) -> None:
+    """The readout of one sampling on the sampler node that drove B (the node ComfyUI executes now): forwards, B's
+    compute and the two hand-offs per forward and in all, as an ``h3.timing`` record kept for the export."""
+    h = host()
+    node = h.executing_node()
+    tot, per, n = summary["total"], summary["per_forward"], summary["forwards"]
+    t0 = summary["started"]
+    note = (f"{n} forwards on B ({summary['worker']}): B compute {tot.get('compute_s', 0):.2f} s, "
+            f"A->B {tot.get('a_to_b_s', 0):.3f} s, B->A {tot.get('b_to_a_s', 0):.3f} s in all; per forward "
+            f"{per.get('compute_s', 0):.3f} s compute, {per.get('a_to_b_s', 0) + per.get('b_to_a_s', 0):.4f} s "
+            "transfer") if n else "no forward ran on B"
+    rec = StageRecord(summary["sampling_id"], "sampling", "B", summary["worker"], t0, t0 + summary["wall_s"],
+                      compute_s=tot.get("compute_s", 0.0), fetch_s=tot.get("a_to_b_s", 0.0) + tot.get("b_to_a_s", 0.0),
+                      bytes={"a_to_b": tot.get("bytes_a_to_b", 0), "b_to_a": tot.get("bytes_b_to_a", 0)},
+                      steps=tuple(r["compute_s"] for r in summary["records"]), note=note,
+                      info={k: summary[k] for k in ("forwards", "total", "per_forward", "worker")})
+    report("sampler", node, [rec], "sampling", extra={"status": note})
