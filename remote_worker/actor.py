@@ -181,7 +181,7 @@ class DiTActorImpl(ResidentActorMixin):
         if entry is None:
             ctx, wait_s, fetch_s = receive(refs[0], wait_timeout, self.machine, "sampling context", call.sampling_id)
             ctx.validate(text_dim=self.side.text_dim)
-            entry = (ctx, {name: t.to_torch() for name, t in ctx.tensors().items()})
+            entry = (ctx, {**{name: t.to_torch() for name, t in ctx.tensors().items()}, "partition": ctx.partition})
             self._contexts[key] = entry
             while len(self._contexts) > 4:  # a few samplings in turn (CFG's two conds ride in one context)
                 self._contexts.popitem(last=False)
@@ -210,10 +210,10 @@ class DiTActorImpl(ResidentActorMixin):
                                   wire.WireTensor.from_torch(audio)), info
 
     @ray.method(concurrency_group="control")
-    def transformer_file(self) -> dict:
+    def transformer_file(self, partition: str = "transformer") -> dict:
         """The transformer file ComfyUI's samplers run, as A's ComfyUI needs it to build its model (names, shapes,
         dtypes, metadata; no weights)."""
-        return self.side.transformer_file()
+        return self.side.transformer_file(partition)
 
     # ------------------------------------------------------------------------------------------------ decode share
     @ray.method(concurrency_group="denoise")

@@ -472,8 +472,11 @@ class BSide(Releasable):
         compute_s, reload_s)``: float32 tensors of the call's shapes."""
         with self._lock:
             reload_s = self.reload_if_released()
-            if self.partition != "transformer" and "transformer" in self.resident_partitions:
-                self._activate("transformer")
+            needed = ctx["partition"]
+            if needed not in self.resident_partitions:
+                reload_s += self._swap_to(needed)
+            elif needed != self.partition:
+                self._activate(needed)
             self.adapters.activate(())  # a pack request's LoRA does not stay on ComfyUI's sampler
             model = getattr(self._host, self.partition)
             video, audio = call.video.to_torch(), call.audio.to_torch()
@@ -515,15 +518,15 @@ class BSide(Releasable):
                     h.remove()
             return v, a, time.perf_counter() - t0, reload_s
 
-    def transformer_file(self) -> dict:
-        """The file of the partition ComfyUI's samplers run (``transformer``): its path, tensor names with shape and
-        dtype as stored, and its metadata, so that A's ComfyUI detects the model from the file as it would for a
-        local copy. A diffusers folder has no such file and is refused in one sentence."""
-        src = self.sources.get("transformer")
+    def transformer_file(self, partition: str = "transformer") -> dict:
+        """The file of the partition ComfyUI's samplers run: its path, tensor names with shape and dtype as stored,
+        and its metadata, so that A's ComfyUI detects the model from the file as it would for a local copy. A
+        diffusers folder has no such file and is refused in one sentence."""
+        src = self.sources.get(partition)
         if src is None or src.kind != "single_file":
             where = "none" if src is None else f"a {src.kind} ({src.path})"
             raise formats.FormatError(
-                f"ComfyUI's own samplers need B's t2va transformer as one Comfy-Org .safetensors file, and B serves "
+                f"ComfyUI's own samplers need B's {partition} as one Comfy-Org .safetensors file, and B serves "
                 f"{where}: pick a minimax_h3_*.safetensors file (B's picker lists them).")
         return {"path": str(src.path), "metadata": dict(src.metadata or {}),
                 "tensors": {k: [list(t.shape), t.dtype] for k, t in src.tensors.items()},

@@ -105,7 +105,8 @@ COMFY_ORG_FILES = {"text_encoders/qwen3vl_32b_minimax_h3_int8_convrot.safetensor
                    "vae/minimax_h3_video_vae_fp16.safetensors": "vae:fp16",
                    "vae/minimax_h3_audio_vae_fp32.safetensors": "audio_vae:fp32",
                    "diffusion_models/minimax_h3_t2va_pruned_fp8_scaled.safetensors": "transformer:pruned_fp8_scaled",
-                   "diffusion_models/minimax_h3_t2va_pruned_bf16.safetensors": "transformer:pruned_bf16"}
+                   "diffusion_models/minimax_h3_t2va_pruned_bf16.safetensors": "transformer:pruned_bf16",
+                   "diffusion_models/minimax_h3_ref2va_pruned_bf16.safetensors": "transformer_ref:pruned_bf16"}
 #: the ComfyUI-native graph's DiT: a tiny Comfy-Org-layout file of the pack's tiny builder, through core's UNETLoader
 NATIVE_DIT = "minimax_h3_t2va_pruned_bf16.safetensors"
 #: ComfyUI's own H3 nodes (comfy_extras/nodes_minimax_h3.py), which the pack must leave loadable
@@ -221,8 +222,8 @@ def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path |
     for rel, label in COMFY_ORG_FILES.items():  # Comfy-Org's names, in ComfyUI's own folders
         (root / "models" / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(fixture(tiny_ckpt, label), root / "models" / rel)
-    shutil.copytree(tiny_ckpt / "comfy" / "diffusion_models" / "transformer",
-                    root / "models" / "diffusion_models" / "transformer")  # the tiny config, beside the DiT file
+    for part in ("transformer", "transformer_ref"):  # the tiny configs, beside the DiT files
+        shutil.copytree(tiny_ckpt / "comfy" / "diffusion_models" / part, root / "models" / "diffusion_models" / part)
     taeh3 = tmp_path_factory.getbasetemp() / "taeh3.safetensors"  # built once per session, copied to each ComfyUI
     if not taeh3.is_file():
         _random_taeh3(comfy_dir, python, taeh3)
@@ -533,13 +534,45 @@ def test_comfyuis_own_h3_graph_runs_to_a_video_beside_the_pack(comfyui):
 CORE_MODEL_TOLERANCE = 1e-4
 
 
-def _core_model_prompt(remote: bool, name: str, **kw) -> dict:
-    """ComfyUI's own H3 graph (:func:`_native_h3_prompt`) with its sampler's latent kept (``H3TestSaveLatent``);
-    ``remote``: core's UNETLoader swapped for the pack's H3RemoteModel on the same file, fp32 on B."""
-    api = _native_h3_prompt(**kw)
+NATIVE_REF_DIT = "minimax_h3_ref2va_pruned_bf16.safetensors"
+
+
+def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler: str = "euler",
+                       cfg: float = 1.0, ksampler: bool = False, steps: int = 3) -> dict:
+    """ComfyUI's own H3 graph (:func:`_native_h3_prompt`) with its sampler's latent kept (``H3TestSaveLatent``).
+    ``workflow``: t2va (MiniMaxH3ImageToVideo, no image), i2va (its ``first_frame`` from core's EmptyImage), r2va
+    (MiniMaxH3ReferenceToVideo with one reference image, on the ref2va file); ``cfg`` > 1: CFGGuider with a second
+    prompt as the negative; ``ksampler``: core's KSampler instead of SamplerCustomAdvanced. ``remote``: core's
+    UNETLoader swapped for the pack's H3RemoteModel on the same file, fp32 on B."""
+    api = _native_h3_prompt(steps=steps, sampler=sampler)
+    dit = NATIVE_REF_DIT if workflow == "r2va" else NATIVE_DIT
+    api["4"]["inputs"]["unet_name"] = dit
     if remote:
-        api["4"] = {"class_type": "H3RemoteModel", "inputs": {"unet_name": NATIVE_DIT, "dtype": "float32",
+        api["4"] = {"class_type": "H3RemoteModel", "inputs": {"unet_name": dit, "dtype": "float32",
                                                               "precision": "auto", "cluster_address": "local"}}
+    enc = api["5"]["inputs"]
+    if workflow in ("i2va", "r2va"):
+        api["20"] = {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 1,
+                                                            "color": 0xB04020}}
+    if workflow == "i2va":
+        enc["first_frame"] = ["20", 0]
+    if workflow == "r2va":
+        api["5"] = {"class_type": "MiniMaxH3ReferenceToVideo", "inputs": {
+            "clip": enc["clip"], "vae": enc["vae"], "audio_vae": ["3", 0], "prompt": enc["prompt"],
+            "width": enc["width"], "height": enc["height"], "length": enc["length"], "ref_image_size": "match",
+            "ref_images.ref_image_0": ["20", 0]}}
+    if cfg > 1.0:
+        api["21"] = copy.deepcopy(api["5"])
+        api["21"]["inputs"]["prompt"] = "blurry, still, silent"
+        api["7"] = {"class_type": "CFGGuider", "inputs": {"model": ["4", 0], "positive": ["5", 0],
+                                                          "negative": ["21", 0], "cfg": cfg}}
+    if ksampler:
+        for nid in ("6", "7", "8", "9"):
+            api.pop(nid)
+        negative = ["21", 0] if cfg > 1.0 else ["5", 0]
+        api["10"] = {"class_type": "KSampler", "inputs": {
+            "model": ["4", 0], "seed": 1, "steps": steps, "cfg": cfg, "sampler_name": sampler, "scheduler": "simple",
+            "positive": ["5", 0], "negative": negative, "latent_image": ["5", 1], "denoise": 1.0}}
     api["15"] = {"class_type": "H3TestSaveLatent", "inputs": {"samples": ["10", 0], "name": name}}
     return api
 
@@ -550,29 +583,41 @@ def _latents(comfyui, name: str) -> dict:
     return load_file(str(comfyui.output / f"{name}.safetensors"))
 
 
-def test_core_model_t2va_matches_core_unetloader_with_the_dit_on_b(comfyui):
-    """ComfyUI's own t2va graph (MiniMaxH3ImageToVideo without an image, SamplerCustomAdvanced, euler, 3 steps) on
-    the same tiny Comfy-Org file: once with core's UNETLoader, once with H3RemoteModel, where every forward runs on
-    B's resident DiT (diffusers' transformer). The sampled latents agree within CORE_MODEL_TOLERANCE; the sampler
-    node gets the readout (forwards, B compute, both hand-offs); A holds no DiT weights; the video is written."""
-    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, "core_local")))
+#: (workflow, sampler, cfg, KSampler): ComfyUI's own graphs the remote MODEL must sample as core's UNETLoader does
+CORE_MODEL_CASES = {"t2va-euler": ("t2va", "euler", 1.0, False),
+                    "i2va-res_multistep-cfg2-ksampler": ("i2va", "res_multistep", 2.0, True),
+                    "r2va-euler": ("r2va", "euler", 1.0, False)}
+CORE_MODEL_DIFFS: dict[str, dict] = {}  # case -> measured max abs differences (printed, and in the README)
+
+
+@pytest.mark.parametrize("case", list(CORE_MODEL_CASES))
+def test_core_model_graph_matches_core_unetloader_with_the_dit_on_b(comfyui, case):
+    """ComfyUI's own H3 graph on the same tiny Comfy-Org file (3 steps): once with core's UNETLoader, once with
+    H3RemoteModel, where every forward runs on B's resident DiT (diffusers' transformer). The sampled latents
+    (video and audio streams) agree within CORE_MODEL_TOLERANCE; the sampler node (the executing one) gets the
+    readout, with one forward per step (two with CFG, as ComfyUI runs H3's cond and uncond apart); the video is
+    written."""
+    workflow, sampler, cfg, ksampler = CORE_MODEL_CASES[case]
+    kw = dict(workflow=workflow, sampler=sampler, cfg=cfg, ksampler=ksampler)
+    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, f"core_local_{case}", **kw)))
     _ok(messages, pid)
-    pid, messages, entry = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_remote")))
+    pid, messages, entry = asyncio.run(_run(comfyui, _core_model_prompt(True, f"core_remote_{case}", **kw)))
     _ok(messages, pid)
-    local, remote = _latents(comfyui, "core_local"), _latents(comfyui, "core_remote")
+    local, remote = _latents(comfyui, f"core_local_{case}"), _latents(comfyui, f"core_remote_{case}")
     assert sorted(local) == sorted(remote) == ["stream0", "stream1"], (sorted(local), sorted(remote))
     diffs = {k: float((local[k] - remote[k]).abs().max()) for k in local}
     scale = {k: float(local[k].abs().max()) for k in local}
-    print(f"core_model t2va: max abs diff {diffs}, magnitude {scale}")
+    CORE_MODEL_DIFFS[case] = diffs
+    print(f"core_model {case}: max abs diff {diffs}, magnitude {scale}")
     assert all(d <= CORE_MODEL_TOLERANCE for d in diffs.values()), (diffs, scale)
-    assert all(float((local[k] - remote[k]).abs().max()) < float(local[k].abs().max()) for k in local)
 
     timings = [t for t in _of(messages, "h3.timing", pid) if t["node_type"] == "sampler"]
     assert len(timings) == 1 and timings[0]["node"] == "10", [t["node"] for t in timings]
     (stage,) = timings[0]["stages"]
-    assert stage["stage"] == "sampling" and stage["info"]["forwards"] == 3, stage
+    forwards = 3 * (2 if cfg > 1.0 else 1)
+    assert stage["stage"] == "sampling" and stage["info"]["forwards"] >= forwards, stage
     assert stage["compute_s"] > 0 and stage["info"]["per_forward"]["bytes_a_to_b"] > 0, stage
-    assert "3 forwards on B" in stage["note"], stage["note"]
+    assert f"{stage['info']['forwards']} forwards on B" in stage["note"], stage["note"]
     (video,) = entry["outputs"]["14"]["images"]
     facts = _mp4_facts(comfyui.output / video["subfolder"] / video["filename"])
     assert (facts["width"], facts["height"], facts["frames"]) == (64, 64, 22), facts

@@ -74,8 +74,10 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
     """ComfyUI's H3 diffusion model whose forwards run on B. No parameters or buffers live here."""
 
     def __init__(self, like: c_dit.MiniMaxH3Model, open_sampling: Callable[[], remote_forward.RemoteSampling],
-                 interrupted: Callable[[], bool], on_done: Callable[[dict], None] | None = None):
+                 interrupted: Callable[[], bool], on_done: Callable[[dict], None] | None = None,
+                 partition: str = "transformer"):
         torch.nn.Module.__init__(self)
+        self.partition = partition
         for name in ("dtype", "hidden_size", "patch_size", "latents_dim", "audio_latents_dim", "sigma_shift_video",
                      "sigma_shift_audio", "use_adaln_curves"):
             setattr(self, name, getattr(like, name))
@@ -196,9 +198,10 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
             W = wire.WireTensor.from_torch
             return wire.ForwardContext(sampling.sampling_id, W(text), W(tags), W(pos), W(indices["video"]),
                                        W(indices["audio"]), W(indices["text"]), W(video_target), W(audio_target),
-                                       W(cond_video), W(cond_audio))
+                                       W(cond_video), W(cond_audio), partition=self.partition)
 
-        key = remote_forward.fingerprint(text, tags, pos, video_target, audio_target, cond_video, cond_audio)
+        key = (self.partition,
+               remote_forward.fingerprint(text, tags, pos, video_target, audio_target, cond_video, cond_audio))
         ref = sampling.context_ref(key, make)
 
         video_rows = c_dit.patchify_video(video_x.detach().to(torch.float32).cpu(), self.patch_size)
@@ -227,7 +230,7 @@ def _sampling_wrapper(model: RemoteH3Model):
 
 def build_model(file_info: dict, open_sampling: Callable[[], remote_forward.RemoteSampling],
                 interrupted: Callable[[], bool], dtype: torch.dtype | None = None,
-                on_done: Callable[[dict], None] | None = None):
+                on_done: Callable[[dict], None] | None = None, partition: str = "transformer"):
     """ComfyUI's ``ModelPatcher`` for the file B serves (``file_info``: B's ``transformer_file()``), every forward
     on B. ``dtype``: the compute dtype ComfyUI's sampler casts to (default: ComfyUI's choice for the file)."""
     sd = {k: torch.empty(shape, dtype=_DTYPES.get(dt, torch.float32), device="meta")
@@ -243,7 +246,8 @@ def build_model(file_info: dict, open_sampling: Callable[[], remote_forward.Remo
     manual = comfy.model_management.unet_manual_cast(dtype, load_device, config.supported_inference_dtypes)
     config.set_inference_dtype(dtype, manual, device=load_device)
     model = config.get_model(sd, "", device=torch.device("meta"))
-    model.diffusion_model = RemoteH3Model(model.diffusion_model, open_sampling, interrupted, on_done)
+    model.diffusion_model = RemoteH3Model(model.diffusion_model, open_sampling, interrupted, on_done,
+                                         partition)
     model.memory_required = lambda *args, **kwargs: 0  # the DiT's working memory is on B
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=load_device,
                                                offload_device=comfy.model_management.unet_offload_device())

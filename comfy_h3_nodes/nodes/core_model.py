@@ -9,6 +9,7 @@ sampler to drive it.
 
 from __future__ import annotations
 
+import pathlib
 import time
 
 from ..engine import session
@@ -16,6 +17,7 @@ from ..engine.contract import request as rq
 from ..engine.contract.configs import DTYPES, PRECISIONS
 from ..engine.contract.timing import StageRecord
 from ..engine.model import catalog
+from ..engine.model.formats import WORKFLOW_PARTITION, named_workflow
 from ..host import host
 from .common import CATEGORY, report
 from .loaders import a_model_roots, connection_readout
@@ -60,11 +62,13 @@ class H3RemoteModel:
         address = rq.check_cluster_address(cluster_address)
         rq.check_actor_name(actor_name)
         session.A_MODEL_ROOTS[:] = a_model_roots()
-        ex = session.dit(address, actor_name.strip(), namespace.strip(), unet_name.strip(), "transformer", dtype,
+        # a ref2va file (its name or metadata says so) is B's transformer_ref partition, any other its transformer
+        partition = WORKFLOW_PARTITION.get(named_workflow(pathlib.Path(unet_name.strip())), "transformer")
+        ex = session.dit(address, actor_name.strip(), namespace.strip(), unet_name.strip(), partition, dtype,
                          "sdpa", precision=precision, actors=placement.ACTORS)
-        info = ex.transformer_file()
-        patcher = remote_model.build_model(info, ex.open_sampling, host().interrupted,
-                                           dtype=getattr(torch, dtype), on_done=sampling_readout)
+        info = ex.transformer_file(partition)
+        patcher = remote_model.build_model(info, ex.open_sampling, host().interrupted, dtype=getattr(torch, dtype),
+                                           on_done=sampling_readout, partition=partition)
         note, extra = connection_readout(ex)
         b = ex.last_health["B"]
         rec = StageRecord("", "connect", "B", b.get("hostname") or b["node_ip"], w0, time.time(),

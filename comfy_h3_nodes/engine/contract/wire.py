@@ -537,6 +537,7 @@ class ForwardContext:
     audio_target: WireTensor
     cond_video: WireTensor
     cond_audio: WireTensor
+    partition: str = "transformer"  # the DiT that runs it: transformer (t2va, fl2va) or transformer_ref (ref2va)
     schema_version: int = SCHEMA_VERSION
 
     def tensors(self) -> dict[str, WireTensor]:
@@ -555,6 +556,8 @@ class ForwardContext:
         _check_version(self, "A->B sampling context")
         if not isinstance(self.sampling_id, str) or not self.sampling_id:
             raise WireError(f"sampling_id is {self.sampling_id!r}, expected a non-empty string.")
+        if self.partition not in ("transformer", "transformer_ref"):
+            raise WireError(f"partition is {self.partition!r}, expected 'transformer' or 'transformer_ref'.")
         for name, t in self.tensors().items():
             if not isinstance(t, WireTensor):
                 raise WireError(f"sampling context {name} is a {type(t).__name__}, expected a WireTensor.")

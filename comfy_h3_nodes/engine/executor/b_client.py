@@ -40,7 +40,7 @@ from .handoff import unwrap_ray_error
 log = logging.getLogger("comfy_h3.executor")
 
 SETTING_NAMES = {"model_dir": "model", "dtype": "dtype", "attention_backend": "attention backend",
-                 "precision": "precision"}
+                 "precision": "precision", "partition": "partition"}
 
 
 @dataclass
@@ -95,12 +95,15 @@ class BClient:
     # ------------------------------------------------------------------------------------------------ settings
     def changes(self, b: dict) -> dict:
         """The load-time settings of this caller that a running worker (its ``health``) does not serve:
-        ``{key: new}``. The partition is not one of them: B swaps per request, and every record says which ran."""
+        ``{key: new}``. The partition is not one of them (B swaps per request, and every record says which ran),
+        except with a new model: a transformer file is the partition it is loaded as."""
         want, changes = self.config, {}
         # a name as B's picker lists it (relative to B's model roots) is the model B serves under that name
         if (want.model_dir and not catalog.same_model(want.model_dir, b.get("model") or b["model_dir"])
                 and want.model_dir.strip() != b.get("model_name")):
             changes["model_dir"] = want.model_dir
+            if want.partition != b.get("partition"):
+                changes["partition"] = want.partition
         if want.dtype != b["dtype"]:
             changes["dtype"] = want.dtype
         if BACKENDS.get(want.attention_backend, (want.attention_backend,))[0] != b["attention_backend"]:
@@ -123,7 +126,7 @@ class BClient:
             return False
         have = {"model_dir": b.get("model") or b["model_dir"], "dtype": b["dtype"],
                 "attention_backend": b.get("attention_choice") or b["attention_backend"],
-                "precision": b.get("precision") or "auto"}
+                "precision": b.get("precision") or "auto", "partition": b.get("partition")}
         desc = ", ".join(f"{SETTING_NAMES[k]} {have[k]} -> {v}" for k, v in changes.items())
         log.info("B actor %r serves other settings; reconfiguring it: %s", self.config.name, desc)
         try:

@@ -209,11 +209,11 @@ class H3Executor:
         return answers[0]["path"]
 
     # ------------------------------------------------------------------------------------------------ ComfyUI's samplers
-    def transformer_file(self) -> dict:
+    def transformer_file(self, partition: str = "transformer") -> dict:
         """The t2va transformer file B serves, as A's ComfyUI builds its model from it (names, shapes, dtypes,
         metadata; bounded). A folder or a failure comes back as :class:`H3Error` with B's sentence."""
         try:
-            return ray.get(self.b.transformer_file.remote(), timeout=self.timeouts.health)
+            return ray.get(self.b.transformer_file.remote(partition), timeout=self.timeouts.health)
         except ray.exceptions.RayError as exc:
             raise remote_error("B", "the transformer file's description", "-", exc) from None
 
