@@ -87,6 +87,8 @@ class DiTActorImpl(ResidentActorMixin):
         self.recent: deque = deque(maxlen=50)
         #: sampling contexts of ComfyUI's samplers (``forward``), by the id of the object A put them in
         self._contexts: OrderedDict = OrderedDict()
+        self.forwards = 0  # forwards served to ComfyUI's samplers
+        self.interrupts: deque = deque(maxlen=8)  # the forwards a sampler's interrupt stopped, and where
         self.node_ip = ray.util.get_node_ip_address()
         self.machine = config.get("role") or "B"  # a DiT rank on A's machine (parallel denoise) says "A"
         log.info("DiT ready on %s (%s): %s", self.node_ip, self.machine, self.side.resident())
@@ -194,11 +196,14 @@ class DiTActorImpl(ResidentActorMixin):
         try:
             video, audio, compute_s, reload_s = self.side.forward_rows(
                 tensors, call, should_cancel=lambda: sid in self._cancelled, request_id=sid)
-        except DenoiseCancelled:
+        except DenoiseCancelled as exc:
             with self._lock:
                 self._cancelled.discard(sid)
-            log.info("[%s] forward %d interrupted", sid, call.index)
+            self.interrupts.append({"sampling_id": sid, "forward": call.index + 1, "message": str(exc),
+                                    "at": time.time()})
+            log.info("[%s] %s", sid, exc)
             raise
+        self.forwards += 1
         self._step_s.append(compute_s)
         info.update(compute_s=compute_s, ended=time.time())
         if reload_s:
@@ -490,6 +495,7 @@ class DiTActorImpl(ResidentActorMixin):
         info["reloads"] = self.side.reloads
         info["recent"] = list(self.recent)[-10:]
         info["busy"] = any(p["state"] in ("waiting", "running") for p in list(self._progress.values()))
+        info["forwards"] = {"served": self.forwards, "interrupted": list(self.interrupts)}
         return info
 
 

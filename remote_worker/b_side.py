@@ -469,7 +469,7 @@ class BSide(Releasable):
         forward's target rows and timesteps. The guide and reference rows of the context fill the rows the sampler
         does not denoise; only the target rows of diffusers' output go back. ``should_cancel`` is asked before
         every transformer block (ComfyUI's interrupt stops a forward between blocks). Returns ``(video, audio,
-        compute_s, reload_s)``: float32 tensors of the call's shapes."""
+        compute_s, reload_s)``: tensors of the call's shapes and dtypes."""
         with self._lock:
             reload_s = self.reload_if_released()
             needed = ctx["partition"]
@@ -491,10 +491,18 @@ class BSide(Releasable):
             vt, at = ctx["video_target"], ctx["audio_target"]
             hooks = []
             if should_cancel is not None:
-                def check(_module, _args):
-                    if should_cancel():
-                        raise DenoiseCancelled(f"request {request_id} was interrupted in forward {call.index} on B")
-                hooks = [b.register_forward_pre_hook(check) for b in model.transformer_blocks]
+                blocks = list(model.transformer_blocks)
+
+                def check(where):
+                    def hook(_module, *_args):
+                        if should_cancel():
+                            raise DenoiseCancelled(
+                                f"sampling {request_id} was interrupted in forward {call.index + 1} on B, {where}")
+                    return hook
+                n = len(blocks)
+                hooks = [b.register_forward_pre_hook(check(f"before transformer block {i + 1} of {n}"))
+                         for i, b in enumerate(blocks)]
+                hooks.append(blocks[-1].register_forward_hook(check(f"after transformer block {n} of {n}")))
             cuda = self.device.startswith("cuda")
             t0 = time.perf_counter()
             try:
@@ -509,8 +517,8 @@ class BSide(Releasable):
                                 video_indices=ctx["video_indices"].to(self.device),
                                 audio_indices=ctx["audio_indices"].to(self.device),
                                 text_indices=ctx["text_indices"].to(self.device))
-                    v = out.sample[:, vt.to(self.device)].float().cpu()
-                    a = out.audio_sample[:, at.to(self.device)].float().cpu()
+                    v = out.sample[:, vt.to(self.device)].to(video.dtype).cpu()
+                    a = out.audio_sample[:, at.to(self.device)].to(audio.dtype).cpu()
                 if cuda:
                     torch.cuda.synchronize()
             finally:

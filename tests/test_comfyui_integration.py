@@ -538,13 +538,16 @@ NATIVE_REF_DIT = "minimax_h3_ref2va_pruned_bf16.safetensors"
 
 
 def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler: str = "euler",
-                       cfg: float = 1.0, ksampler: bool = False, steps: int = 3) -> dict:
+                       cfg: float = 1.0, ksampler: bool = False, steps: int = 3, canvas: tuple = (64, 64, 22),
+                       patch: bool = False) -> dict:
     """ComfyUI's own H3 graph (:func:`_native_h3_prompt`) with its sampler's latent kept (``H3TestSaveLatent``).
     ``workflow``: t2va (MiniMaxH3ImageToVideo, no image), i2va (its ``first_frame`` from core's EmptyImage), r2va
     (MiniMaxH3ReferenceToVideo with one reference image, on the ref2va file); ``cfg`` > 1: CFGGuider with a second
     prompt as the negative; ``ksampler``: core's KSampler instead of SamplerCustomAdvanced. ``remote``: core's
-    UNETLoader swapped for the pack's H3RemoteModel on the same file, fp32 on B."""
-    api = _native_h3_prompt(steps=steps, sampler=sampler)
+    UNETLoader swapped for the pack's H3RemoteModel on the same file, fp32 on B. ``canvas``: (width, height,
+    frames); ``patch``: core's PerturbedAttentionGuidance between the model and the sampler (it replaces the
+    model's self-attention in a second forward per step: a patch of the model's inside)."""
+    api = _native_h3_prompt(steps=steps, sampler=sampler, width=canvas[0], height=canvas[1], length=canvas[2])
     dit = NATIVE_REF_DIT if workflow == "r2va" else NATIVE_DIT
     api["4"]["inputs"]["unet_name"] = dit
     if remote:
@@ -573,8 +576,111 @@ def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler:
         api["10"] = {"class_type": "KSampler", "inputs": {
             "model": ["4", 0], "seed": 1, "steps": steps, "cfg": cfg, "sampler_name": sampler, "scheduler": "simple",
             "positive": ["5", 0], "negative": negative, "latent_image": ["5", 1], "denoise": 1.0}}
+    if patch:
+        api["22"] = {"class_type": "PerturbedAttentionGuidance", "inputs": {"model": ["4", 0], "scale": 3.0}}
+        for node in api.values():
+            for k, v in node["inputs"].items():
+                if v == ["4", 0] and node is not api["22"]:
+                    node["inputs"][k] = ["22", 0]
     api["15"] = {"class_type": "H3TestSaveLatent", "inputs": {"samples": ["10", 0], "name": name}}
     return api
+
+
+#: a canvas where one forward of the tiny DiT takes seconds on B (two cores): long enough to act mid-forward
+SLOW_CANVAS = (1024, 1024, 124)
+
+
+def _after_sampler_starts(seconds: float, act):
+    """An ``on_message`` that calls ``act(http)`` once, ``seconds`` after ComfyUI starts executing the sampler."""
+    done: dict = {}
+
+    async def hook(http, m):
+        if m["type"] == "executing" and m["data"].get("node") == "10" and not done:
+            await asyncio.sleep(seconds)
+            done["at"] = time.monotonic()
+            await act(http)
+    return hook, done
+
+
+def _b_forwards(comfyui) -> dict:
+    st = _status(comfyui)
+    (b,) = [a["health"]["B"] for a in st["actors"] if "health" in a][:1]
+    return b["forwards"]
+
+
+def test_core_model_interrupt_stops_b_mid_forward_and_next_prompt_runs(comfyui):
+    """ComfyUI's Cancel during a forward on B (a canvas where one forward takes seconds): the prompt ends as
+    interrupted on the sampler within seconds, B stops that forward before its next transformer block (B's health
+    says which), and the next prompt runs to its video."""
+    before = len(_b_forwards(comfyui)["interrupted"]) if _status(comfyui)["actors"] else 0
+
+    async def interrupt(http):
+        async with http.post(f"{comfyui.base}/interrupt", json={}) as r:
+            assert r.status == 200
+
+    hook, sent = _after_sampler_starts(1.0, interrupt)
+    api = _core_model_prompt(True, "core_interrupted", steps=2, canvas=SLOW_CANVAS)
+    pid, messages, entry = asyncio.run(_run(comfyui, api, on_message=hook))
+    assert sent, "the sampler never started"
+    ended = time.monotonic() - sent["at"]
+    (stop,) = _of(messages, "execution_interrupted", pid)
+    assert stop["node_id"] == "10", stop
+    print(f"core_model interrupt: the prompt ended {ended:.2f} s after the interrupt")
+    assert ended < 10, f"the prompt took {ended:.1f} s to stop after the interrupt"
+    assert not _of(messages, "execution_success", pid)
+    t0 = time.monotonic()
+    while True:  # B notes the stop when its forward reaches the next block
+        forwards = _b_forwards(comfyui)
+        if len(forwards["interrupted"]) > before or time.monotonic() - t0 > 30:
+            break
+        time.sleep(0.25)
+    assert len(forwards["interrupted"]) == before + 1, forwards
+    assert "transformer block" in forwards["interrupted"][-1]["message"], forwards  # between blocks
+
+    pid, messages, entry = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_after_interrupt")))
+    _ok(messages, pid)
+
+
+def test_core_model_refuses_a_dit_patch_b_cannot_apply_and_next_prompt_runs(comfyui):
+    """Core's PerturbedAttentionGuidance puts a self-attention replacement in transformer_options: the sampler stops
+    at the first forward that carries it with one sentence naming the entry (never silently sampled without it),
+    and the next prompt without it runs."""
+    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_patched", patch=True)))
+    (err,) = _of(messages, "execution_error", pid)
+    assert err["node_id"] == "10", err
+    assert "transformer_options['patches_replace'] holds ['attn1']" in err["exception_message"], err["exception_message"]
+    assert "B" in err["exception_message"] and "UNETLoader" in err["exception_message"], err["exception_message"]
+    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_unpatched")))
+    _ok(messages, pid)
+
+
+def test_core_model_b_killed_mid_sampling_is_reported_within_10_s_and_next_prompt_runs(comfyui):
+    """B's DiT worker killed (SIGKILL) while a forward runs: the sampler fails within 10 s with a sentence that
+    names B, the forward and what to do; the next prompt gets a worker again and runs to its video."""
+    killed: dict = {}
+
+    async def kill_b(http):
+        async with http.get(f"{comfyui.base}/api/h3/status") as r:
+            st = await r.json()
+        (w,) = [w for w in st["workers"] if w.get("machine", "B") == "B"][:1]
+        os.kill(w["pid"], signal.SIGKILL)
+        killed["pid"] = w["pid"]
+
+    hook, sent = _after_sampler_starts(1.0, kill_b)
+    api = _core_model_prompt(True, "core_b_killed", steps=2, canvas=SLOW_CANVAS)
+    pid, messages, _ = asyncio.run(_run(comfyui, api, on_message=hook))
+    assert killed, "the sampler never started"
+    ended = time.monotonic() - sent["at"]
+    (err,) = _of(messages, "execution_error", pid)
+    print(f"core_model B killed: the error came {ended:.2f} s after the kill: {err['exception_message']}")
+    assert ended < 10, f"the error took {ended:.1f} s"
+    assert err["node_id"] == "10", err
+    msg = err["exception_message"]
+    assert "B" in msg and "forward" in msg and "queue the prompt again" in msg, msg
+    pid, messages, entry = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_after_kill")))
+    _ok(messages, pid)
+    st = _status(comfyui)
+    assert all(w["pid"] != killed["pid"] for w in st["workers"]), st["workers"]
 
 
 def _latents(comfyui, name: str) -> dict:

@@ -204,10 +204,10 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
                remote_forward.fingerprint(text, tags, pos, video_target, audio_target, cond_video, cond_audio))
         ref = sampling.context_ref(key, make)
 
-        video_rows = c_dit.patchify_video(video_x.detach().to(torch.float32).cpu(), self.patch_size)
+        # the rows in the sampler's own dtype (a permutation of its latent: nothing rounds), fp32 on B's side
+        video_rows = c_dit.patchify_video(video_x.detach().cpu(), self.patch_size)
         video_rows = video_rows.reshape(batch, -1, video_rows.shape[-1])
-        audio_rows = torch.stack([c_dit.pack_audio(audio_x[i:i + 1].detach().to(torch.float32).cpu())
-                                  for i in range(batch)])
+        audio_rows = torch.stack([c_dit.pack_audio(audio_x[i:i + 1].detach().cpu()) for i in range(batch)])
         try:
             v, a = sampling.forward(ref, video_rows, audio_rows, torch.tensor(unique_t, dtype=torch.float32),
                                     t_idx.to(torch.uint8), interrupted=self.interrupted)

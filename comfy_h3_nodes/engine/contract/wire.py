@@ -590,8 +590,9 @@ class ForwardContext:
 @dataclass(frozen=True)
 class ForwardCall:
     """A->B per forward of a sampler: the target rows (``video`` (batch, target video rows, patch dim), ``audio``
-    (batch, target audio rows, channels), float32), the distinct ``timestep`` values (unscaled, in [0, 1]) and per
-    row of the packed sequence the index of its value (``timestep_indices``, uint8)."""
+    (batch, target audio rows, channels)) in the dtype the sampler hands the model (bf16 when it computes in bf16:
+    the rows are a permutation of its latent, so nothing is rounded on the way), the distinct ``timestep`` values
+    (unscaled, in [0, 1]) and per row of the packed sequence the index of its value (``timestep_indices``, uint8)."""
 
     sampling_id: str
     index: int
@@ -621,8 +622,8 @@ class ForwardCall:
             if not isinstance(t, WireTensor):
                 raise WireError(f"forward {name} is a {type(t).__name__}, expected a WireTensor.")
         batch = ctx.text.shape[0]
-        self.video.check("video", ("float32",), (batch, int(ctx.video_target.data.sum()), ctx.cond_video.shape[1]))
-        self.audio.check("audio", ("float32",), (batch, int(ctx.audio_target.data.sum()), ctx.cond_audio.shape[1]))
+        self.video.check("video", _FLOAT_DTYPES, (batch, int(ctx.video_target.data.sum()), ctx.cond_video.shape[1]))
+        self.audio.check("audio", _FLOAT_DTYPES, (batch, int(ctx.audio_target.data.sum()), ctx.cond_audio.shape[1]))
         self.timestep.check("timestep", ("float32",), (None,))
         self.timestep_indices.check("timestep_indices", ("uint8",), (ctx.seq_len,))
         n = self.timestep.shape[0]
@@ -636,7 +637,8 @@ class ForwardCall:
 
 @dataclass(frozen=True)
 class ForwardResult:
-    """B->A per forward: diffusers' video and audio velocity of the target rows (float32), as the call's shapes."""
+    """B->A per forward: diffusers' video and audio velocity of the target rows, in the call's shapes and dtypes
+    (ComfyUI's own model hands its output back in the dtype of its input too)."""
 
     sampling_id: str
     index: int
@@ -656,8 +658,8 @@ class ForwardResult:
         if (self.sampling_id, self.index) != (call.sampling_id, call.index):
             raise WireError(f"B answered forward {self.index} of {self.sampling_id!r} to forward {call.index} of "
                             f"{call.sampling_id!r}.")
-        self.video.check("video output", ("float32",), call.video.shape, finite=False)
-        self.audio.check("audio output", ("float32",), call.audio.shape, finite=False)
+        self.video.check("video output", (call.video.dtype,), call.video.shape, finite=False)
+        self.audio.check("audio output", (call.audio.dtype,), call.audio.shape, finite=False)
         return self
 
 
