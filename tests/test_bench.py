@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from comfy_h3_nodes.tools import bench
-from comfy_h3_nodes.tools.bench import handoff, parallel
+from comfy_h3_nodes.tools.bench import handoff, parallel, remote_model
 from comfy_h3_nodes.engine.contract import wire
 
 SHAPE_BYTES = {
@@ -108,6 +108,41 @@ def test_parallel_smoke(ray_cluster, capsys):
     assert out["shape"]["height"] == out["shape"]["width"] == 128 and out["shape"]["forwards"] == 2
     assert out["shape"]["method"] == "ulysses" and out["shape"]["rows"] > 0 and out["shape"]["threads_per_rank"] == 1
     assert "2 ranks (A + B)" in table and "goal >= 1.7" in table
+
+
+def test_remote_model_smoke(ray_cluster, capsys):
+    """``bench remote-model``: one sampler forward through B's real DiT actor (stand-in forward that echoes the rows)
+    and back; the last line is exactly ``{"shapes": {...}, "worst_share_of_step"}``, the share is the round trip over
+    vLLM-Omni's 31.4 s step, the bytes are the wire's at that canvas and B really ran every forward."""
+    out, table = _run(["remote-model", "--quick", "--forwards", "2", "--warmup", "1", "--json"], capsys)
+    assert set(out) == {"shapes", "worst_share_of_step"} and set(out["shapes"]) == {"256x128x22"}
+    row = out["shapes"]["256x128x22"]
+    n = remote_model.rows(256, 128, 22)
+    assert row["rows"] == n == {"text": 512, "video": 7 * 4 * 8, "audio": 2 * 37, "seq": 512 + 224 + 74}
+    rows_bytes = 2 * n["video"] * 96 * 4 + 2 * n["audio"] * 32 * 4
+    assert row["bytes_b_to_a"] == rows_bytes and row["bytes_a_to_b"] == rows_bytes + 2 * 4 + n["seq"]
+    assert row["context_bytes"] > 2 * 512 * 5120 * 2 and row["context_s"] > 0 and row["context_fetch_s"] > 0
+    assert row["round_trip_s"] > 0 and row["a_to_b_s"] > 0 and row["b_to_a_s"] > 0 and row["compute_s"] >= 0
+    assert row["share_of_step"] == pytest.approx(row["round_trip_s"] / 31.4, rel=1e-3)
+    assert remote_model.VLLM_OMNI_STEP_S == 31.4
+    assert out["worst_share_of_step"] == row["share_of_step"] and isinstance(row["met"], bool)
+    assert row["a_records"] == row["b_forwards"] == 3  # 1 warm-up + 2 timed, each run by B's stand-in
+    assert "256x128x22" in table and "goal <= 0.3 %" in table
+
+
+def test_remote_model_rows_are_the_real_shapes():
+    """At 1344x768 the per-forward rows are the B->A latents of ``bench handoff`` (patchified, CFG batch 2)."""
+    for name, frames in (("1344x768x124 B->A", 124), ("1344x768x345 B->A", 345)):
+        n = remote_model.rows(*remote_model.parse_canvas(f"1344x768x{frames}"))
+        assert n["video"] * 96 * 4 + n["audio"] * 32 * 4 == SHAPE_BYTES[name]
+        assert n["seq"] == 512 + n["video"] + n["audio"]
+    assert remote_model.rows(1344, 768, 345)["video"] == 102 * 24 * 42
+
+
+@pytest.mark.parametrize("text", ["1344x768", "1344x770x124", "1344x768x100", "wide"])
+def test_remote_model_shapes_refuse_what_they_cannot_run(text):
+    with pytest.raises(SystemExit, match="WIDTHxHEIGHTxFRAMES|multiples of 32"):
+        remote_model.parse_canvas(text)
 
 
 @pytest.mark.parametrize("text, want", [("384x640", (384, 640)), ("320X480", (320, 480)), (None, None)])

@@ -20,6 +20,9 @@ Verbs (each starts the embedded two-node Ray cluster, or reuses the one this pro
 * ``vsa``: VSA-H3 attention (FastH3's video sparse attention) against dense attention over one packed sequence at a
   tiny shape with enough tiles, on this machine (no cluster); the sparsity it ran at and the error against dense
   attention restricted to the kept tiles.
+* ``remote-model``: one forward of ComfyUI's sampler on A through B's DiT actor (the per-forward path, wire schema 5)
+  at 1344x768x124 and x345, CFG batch 2, with a stand-in forward that costs nothing: the round trip (hand-offs and
+  Ray only) against vLLM-Omni's 31.4 s step, and the once-per-sampling context apart.
 * ``all``: every bench above in one cluster (``vsa`` excepted).
 
 ``--json`` makes the LAST line of output one JSON object; ``--quick`` shrinks counts for the smoke test.
@@ -35,7 +38,7 @@ import json
 import os
 
 from .. import runner
-from . import batch, decode, handoff, memory, parallel, pipeline, pool, preview, step, vsa
+from . import batch, decode, handoff, memory, parallel, pipeline, pool, preview, remote_model, step, vsa
 from .common import DEFAULT_SYNTHETIC, cluster, tiny_checkpoint
 
 
@@ -90,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
     vs.add_argument("--repeats", type=int, default=None, help="measured repeats (default 5; quick 2)")
     vs.add_argument("--device", default="cpu")
     vs.add_argument("--kernel", default=None, help="VSA kernel (default $H3_VSA_KERNEL, else auto)")
+    rm = common(sub.add_parser("remote-model", help="one sampler forward's round trip A->B->A at real shapes"))
+    rm.add_argument("--forwards", type=int, default=None, help="timed forwards per shape (default 10; quick 3)")
+    rm.add_argument("--warmup", type=int, default=None, help="unmeasured forwards first (default 2; quick 1)")
+    rm.add_argument("--shapes", default=None, help="comma-separated WIDTHxHEIGHTxFRAMES (default "
+                    f"{','.join(remote_model.SHAPES)}; quick {','.join(remote_model.QUICK_SHAPES)})")
     a = common(sub.add_parser("all", help="every bench, one cluster"))
     a.add_argument("--repeats", type=int, default=None)
     a.add_argument("--requests", type=int, default=None)
@@ -137,6 +145,15 @@ def main(argv: list[str]) -> int:
         res = pool.run_pool(args.requests or (3 if quick else 8), ckpt=args.ckpt and tiny_checkpoint(args.ckpt), log=log)
         if args.json:
             print(pool.main_json(res), flush=True)
+        return 0
+    if verb == "remote-model":  # B's DiT actor with a stand-in forward, on the two-node cluster
+        shapes = (args.shapes.split(",") if args.shapes
+                  else remote_model.QUICK_SHAPES if quick else remote_model.SHAPES)
+        with cluster(args.object_store_mb):
+            res = remote_model.run_remote_model(shapes, args.forwards or (3 if quick else 10),
+                                                args.warmup if args.warmup is not None else (1 if quick else 2), log)
+        if args.json:
+            print(json.dumps(remote_model.main_json(res)), flush=True)  # exactly {"shapes": {...}, "worst_share..."}
         return 0
     needs_cluster = verb in ("handoff", "pipeline", "warm", "memory", "decode", "all")
     with (cluster(args.object_store_mb) if needs_cluster else contextlib.nullcontext()):

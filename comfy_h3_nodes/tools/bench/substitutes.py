@@ -110,3 +110,37 @@ def a_side_factory(stages: dict):
                           stages=stages)
 
     return make
+
+
+class NullForwardSide:
+    """B's side for ``bench remote-model``: no model; :meth:`forward_rows` echoes the call's target rows (the shapes
+    and dtype B's output has) at once, so a forward's round trip is only the hand-offs, B's checks and Ray. It
+    counts the forwards it ran (:meth:`NullForwardDiTActor.stand_in_forwards`)."""
+
+    device, dtype, attention_backend = "cpu", "float32", "none"
+
+    def __init__(self, model_dir: str, text_dim: int = 5120):
+        self.model_dir = model_dir
+        self.text_dim = text_dim  # the released model's: the context is checked against it as B checks it
+        self.load_records: list = []
+        self.forwards = 0
+
+    def resident(self) -> dict:
+        return {"transformer": "stand-in (no model: echoes the target rows)"}
+
+    def forward_rows(self, ctx: dict, call, should_cancel=None, request_id: str = "") -> tuple:
+        t0 = time.perf_counter()
+        video, audio = call.video.to_torch(), call.audio.to_torch()
+        self.forwards += 1
+        return video, audio, time.perf_counter() - t0, 0.0
+
+
+class NullForwardDiTActor(DiTActorImpl):
+    """The real DiT actor (its ``forward``: context fetched once and kept by object id, both checks, the result)
+    around :class:`NullForwardSide`."""
+
+    def make_side(self, config: dict) -> NullForwardSide:
+        return NullForwardSide(config["model_dir"], int(config.get("text_dim", 5120)))
+
+    def stand_in_forwards(self) -> int:
+        return self.side.forwards
