@@ -7,7 +7,8 @@ around a stand-in side (:class:`.substitutes.NullForwardSide`) that echoes the t
 real :class:`~...engine.executor.remote_forward.RemoteSampling`. Payloads at real shapes, CFG batch 2:
 
 * per forward A->B (:class:`wire.ForwardCall`): video rows ``latent_frames x (h/16/2) x (w/16/2)`` of 24 x (1x2x2) =
-  96 float32, audio rows ``2 x audio_latent_frames`` of 32 float32, both batch 2; 2 timestep values and one uint8
+  96, audio rows ``2 x audio_latent_frames`` of 32, both batch 2, in bf16 (the dtype ComfyUI's sampler hands the
+  released model, which computes in bf16: the rows cross in it); 2 timestep values and one uint8
   index per sequence row; B->A (:class:`wire.ForwardResult`) the same video and audio rows;
 * once per sampling (:class:`wire.ForwardContext`, reported apart as ``context_s``): 512 text rows of 5120 (bf16,
   batch 2), the packed layout (text + video + audio rows), every video/audio row a target (no guide rows).
@@ -62,6 +63,10 @@ def rows(width: int, height: int, frames: int) -> dict:
     return {"text": TEXT_ROWS, "video": video, "audio": audio, "seq": TEXT_ROWS + video + audio}
 
 
+#: the rows' dtype: the sampler's latent as ComfyUI hands it to a model computing in bf16
+ROW_DTYPE = torch.bfloat16
+
+
 def build(sampling_id: str, n: dict, seed: int = 0) -> tuple:
     """The context (a ``make`` for :meth:`RemoteSampling.context_ref`) and one forward's tensors at ``n``'s rows."""
     g = torch.Generator().manual_seed(seed)
@@ -79,8 +84,8 @@ def build(sampling_id: str, n: dict, seed: int = 0) -> tuple:
                                    W(torch.ones(nv, dtype=torch.bool)), W(torch.ones(na, dtype=torch.bool)),
                                    W(torch.zeros(0, VIDEO_DIM)), W(torch.zeros(0, AUDIO_DIM)))
 
-    video = torch.randn((CFG_BATCH, nv, VIDEO_DIM), generator=g)
-    audio = torch.randn((CFG_BATCH, na, AUDIO_DIM), generator=g)
+    video = torch.randn((CFG_BATCH, nv, VIDEO_DIM), generator=g).to(ROW_DTYPE)
+    audio = torch.randn((CFG_BATCH, na, AUDIO_DIM), generator=g).to(ROW_DTYPE)
     timestep = torch.tensor([0.5, 0.62], dtype=torch.float32)  # video's and audio's level
     t_idx = torch.zeros(s, dtype=torch.uint8)
     t_idx[nt + nv:] = 1
