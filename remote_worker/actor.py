@@ -87,6 +87,7 @@ class DiTActorImpl(ResidentActorMixin):
         self.recent: deque = deque(maxlen=50)
         #: sampling contexts of ComfyUI's samplers (``forward``), by the id of the object A put them in
         self._contexts: OrderedDict = OrderedDict()
+        self._lora_sets: OrderedDict = OrderedDict()  # ComfyUI's LoRA patch sets, by the id of their object
         self.forwards = 0  # forwards served to ComfyUI's samplers
         self.interrupts: deque = deque(maxlen=8)  # the forwards a sampler's interrupt stopped, and where
         self.node_ip = ray.util.get_node_ip_address()
@@ -193,9 +194,21 @@ class DiTActorImpl(ResidentActorMixin):
         ctx, tensors = entry
         call.validate(ctx)
         sid = call.sampling_id
+        lora = (None, None)
+        if len(refs) > 1:  # the sampling's LoRA patches: fetched once per set, kept by id
+            lkey = refs[1].hex()
+            lora_set = self._lora_sets.get(lkey)
+            if lora_set is None:
+                lora_set, wait_s, fetch_s = receive(refs[1], wait_timeout, self.machine, "LoRA set", sid)
+                lora_set.validate()
+                self._lora_sets[lkey] = lora_set
+                while len(self._lora_sets) > 4:
+                    self._lora_sets.popitem(last=False)
+                info.update(lora_fetch_s=round(wait_s + fetch_s, 6), lora_bytes=lora_set.nbytes)
+            lora = (lkey, lora_set)
         try:
-            video, audio, compute_s, reload_s = self.side.forward_rows(
-                tensors, call, should_cancel=lambda: sid in self._cancelled, request_id=sid)
+            video, audio, compute_s, reload_s, lora_modules = self.side.forward_rows(
+                tensors, call, should_cancel=lambda: sid in self._cancelled, request_id=sid, lora=lora)
         except DenoiseCancelled as exc:
             with self._lock:
                 self._cancelled.discard(sid)
@@ -205,7 +218,7 @@ class DiTActorImpl(ResidentActorMixin):
             raise
         self.forwards += 1
         self._step_s.append(compute_s)
-        info.update(compute_s=compute_s, ended=time.time())
+        info.update(compute_s=compute_s, ended=time.time(), lora_modules=lora_modules)
         if reload_s:
             info["reloaded_after_release_s"] = round(reload_s, 4)
         if call.index == 0:

@@ -47,6 +47,7 @@ from comfy_h3_nodes.engine.model.vsa_kernels import resolve_vsa_kernel
 from comfy_h3_nodes.engine.process import maybe_profile
 
 from .adapters import AdapterManager, AdapterSchedule, check_no_foreign_tensors
+from .comfy_lora import ComfyLoraHooks
 from .residency import Releasable
 
 
@@ -226,6 +227,7 @@ class BSide(Releasable):
         self._pipes: dict[str, object] = {}
         self.load_records: list[split.LoadRecord] = []
         self._adapters: dict[str, AdapterManager] = {}
+        self._comfy_lora: dict[str, ComfyLoraHooks] = {}  # ComfyUI's LoRA patches on each partition (forward_rows)
         self.path_check = path_check
         loaded = split.load_checked(self.model_dir, SCHEDULERS, dtype, self.device)
         self._host = loaded.host
@@ -463,13 +465,15 @@ class BSide(Releasable):
 
     # ------------------------------------------------------------------------------------------------ one forward
     def forward_rows(self, ctx: dict, call: wire.ForwardCall, should_cancel: Callable[[], bool] | None = None,
-                     request_id: str = "") -> tuple:
+                     request_id: str = "", lora: tuple = (None, None)) -> tuple:
         """One forward of diffusers' transformer for a sampler on A (ComfyUI's own, through the remote ``MODEL``):
         ``ctx`` is the materialised :class:`wire.ForwardContext` (torch tensors by field name), ``call`` the
         forward's target rows and timesteps. The guide and reference rows of the context fill the rows the sampler
         does not denoise; only the target rows of diffusers' output go back. ``should_cancel`` is asked before
-        every transformer block (ComfyUI's interrupt stops a forward between blocks). Returns ``(video, audio,
-        compute_s, reload_s)``: tensors of the call's shapes and dtypes."""
+        every transformer block (ComfyUI's interrupt stops a forward between blocks). ``lora``: ``(key, set)`` of
+        ComfyUI's LoRA patches for this sampling (:mod:`.comfy_lora`; ``(None, None)``: none). Returns ``(video, audio,
+        compute_s, reload_s, lora_modules)``: tensors of the call's shapes and dtypes, and how many modules the LoRA
+        set patches."""
         with self._lock:
             reload_s = self.reload_if_released()
             needed = ctx["partition"]
@@ -479,6 +483,10 @@ class BSide(Releasable):
                 self._activate(needed)
             self.adapters.activate(())  # a pack request's LoRA does not stay on ComfyUI's sampler
             model = getattr(self._host, self.partition)
+            hooks = self._comfy_lora.get(self.partition)
+            if hooks is None or hooks.model is not model:  # first use, or the partition was loaded again
+                hooks = self._comfy_lora[self.partition] = ComfyLoraHooks(model, self.sources[self.partition].tensors)
+            lora_modules = hooks.activate(lora[0], lora[1], self.device, model.dtype)
             video, audio = call.video.to_torch(), call.audio.to_torch()
             batch = video.shape[0]
 
@@ -524,7 +532,7 @@ class BSide(Releasable):
             finally:
                 for h in hooks:
                     h.remove()
-            return v, a, time.perf_counter() - t0, reload_s
+            return v, a, time.perf_counter() - t0, reload_s, lora_modules
 
     def transformer_file(self, partition: str = "transformer") -> dict:
         """The file of the partition ComfyUI's samplers run: its path, tensor names with shape and dtype as stored,

@@ -229,11 +229,12 @@ def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path |
         _random_taeh3(comfy_dir, python, taeh3)
     (root / "models" / "vae_approx").mkdir(parents=True)
     shutil.copy(taeh3, root / "models" / "vae_approx" / "taeh3.safetensors")
+    _write_core_loras(fixture(tiny_ckpt, "transformer:pruned_bf16"), root / "models" / "loras")
     yaml = root / "extra_model_paths.yaml"
     yaml.write_text(f"comfy_h3_test:\n  custom_nodes: {packs}\n  diffusers: {diffusers}\n"
                     f"  text_encoders: {root / 'models' / 'text_encoders'}\n  vae: {root / 'models' / 'vae'}\n"
                     f"  diffusion_models: {root / 'models' / 'diffusion_models'}\n"
-                    f"  vae_approx: {root / 'models' / 'vae_approx'}\n")
+                    f"  vae_approx: {root / 'models' / 'vae_approx'}\n  loras: {root / 'models' / 'loras'}\n")
     port = _free_port()
     # --disable-api-nodes: ComfyUI's partner-API nodes need the internet, which this machine has not (5 s less a start)
     cmd = [python, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port), "--disable-auto-launch",
@@ -539,14 +540,15 @@ NATIVE_REF_DIT = "minimax_h3_ref2va_pruned_bf16.safetensors"
 
 def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler: str = "euler",
                        cfg: float = 1.0, ksampler: bool = False, steps: int = 3, canvas: tuple = (64, 64, 22),
-                       patch: bool = False) -> dict:
+                       patch: bool = False, loras: tuple = ()) -> dict:
     """ComfyUI's own H3 graph (:func:`_native_h3_prompt`) with its sampler's latent kept (``H3TestSaveLatent``).
     ``workflow``: t2va (MiniMaxH3ImageToVideo, no image), i2va (its ``first_frame`` from core's EmptyImage), r2va
     (MiniMaxH3ReferenceToVideo with one reference image, on the ref2va file); ``cfg`` > 1: CFGGuider with a second
     prompt as the negative; ``ksampler``: core's KSampler instead of SamplerCustomAdvanced. ``remote``: core's
     UNETLoader swapped for the pack's H3RemoteModel on the same file, fp32 on B. ``canvas``: (width, height,
     frames); ``patch``: core's PerturbedAttentionGuidance between the model and the sampler (it replaces the
-    model's self-attention in a second forward per step: a patch of the model's inside)."""
+    model's self-attention in a second forward per step: a patch of the model's inside); ``loras``: (file,
+    strength) pairs, each through core's LoraLoaderModelOnly, stacked in order."""
     api = _native_h3_prompt(steps=steps, sampler=sampler, width=canvas[0], height=canvas[1], length=canvas[2])
     dit = NATIVE_REF_DIT if workflow == "r2va" else NATIVE_DIT
     api["4"]["inputs"]["unet_name"] = dit
@@ -576,6 +578,16 @@ def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler:
         api["10"] = {"class_type": "KSampler", "inputs": {
             "model": ["4", 0], "seed": 1, "steps": steps, "cfg": cfg, "sampler_name": sampler, "scheduler": "simple",
             "positive": ["5", 0], "negative": negative, "latent_image": ["5", 1], "denoise": 1.0}}
+    source = ["4", 0]
+    for i, (lora, strength) in enumerate(loras):
+        api[f"3{i}"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": source, "lora_name": lora,
+                                                                       "strength_model": strength}}
+        source = [f"3{i}", 0]
+    if loras:
+        for nid, node in api.items():
+            for k, v in node["inputs"].items():
+                if v == ["4", 0] and not nid.startswith("3"):
+                    node["inputs"][k] = source
     if patch:
         api["22"] = {"class_type": "PerturbedAttentionGuidance", "inputs": {"model": ["4", 0], "scale": 3.0}}
         for node in api.values():
@@ -584,6 +596,44 @@ def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler:
                     node["inputs"][k] = ["22", 0]
     api["15"] = {"class_type": "H3TestSaveLatent", "inputs": {"samples": ["10", 0], "name": name}}
     return api
+
+
+#: ComfyUI-format LoRAs of the tiny DiT (ComfyUI's names, ``lora_A``/``lora_B`` with ``alpha``), and a LoHa
+CORE_LORAS = ("h3_test_lora_a.safetensors", "h3_test_lora_b.safetensors")
+CORE_LOHA = "h3_test_loha.safetensors"
+
+
+def _write_core_loras(dit_file: pathlib.Path, folder: pathlib.Path) -> None:
+    """LoRAs for the tiny Comfy-Org DiT as ComfyUI's own loaders read them (``diffusion_model.<layer>.lora_A`` /
+    ``lora_B`` / ``alpha`` for each block's qkv_proj, out_proj, mlp.fc1 and fc2; rank 2, random, a fixed seed
+    each), and one LoHa (``hada_w1_a`` ...) of the same layers: a kind B refuses."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(dit_file), "pt") as f:
+        shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}
+    layers = [k[: -len(".weight")] for k in shapes
+              if k.startswith("blocks.") and k.endswith((".qkv_proj.weight", ".out_proj.weight", ".fc1.weight",
+                                                         ".fc2.weight"))]
+    assert layers, sorted(shapes)[:20]
+    folder.mkdir(parents=True, exist_ok=True)
+    for seed, name in enumerate(CORE_LORAS):
+        g, sd = torch.Generator().manual_seed(100 + seed), {}
+        for layer in layers:
+            out_f, in_f = shapes[f"{layer}.weight"]
+            sd[f"diffusion_model.{layer}.lora_A.weight"] = torch.randn(2, in_f, generator=g) * 0.3
+            sd[f"diffusion_model.{layer}.lora_B.weight"] = torch.randn(out_f, 2, generator=g) * 0.3
+            sd[f"diffusion_model.{layer}.alpha"] = torch.tensor(1.0 + seed)
+        save_file(sd, str(folder / name))
+    g, sd = torch.Generator().manual_seed(200), {}
+    for layer in layers:
+        out_f, in_f = shapes[f"{layer}.weight"]
+        for w in ("w1", "w2"):
+            sd[f"diffusion_model.{layer}.hada_{w}_a"] = torch.randn(out_f, 2, generator=g) * 0.1
+            sd[f"diffusion_model.{layer}.hada_{w}_b"] = torch.randn(2, in_f, generator=g) * 0.1
+        sd[f"diffusion_model.{layer}.alpha"] = torch.tensor(2.0)
+    save_file(sd, str(folder / CORE_LOHA))
 
 
 #: a canvas where one forward of the tiny DiT takes seconds on B (two cores): long enough to act mid-forward
@@ -689,10 +739,14 @@ def _latents(comfyui, name: str) -> dict:
     return load_file(str(comfyui.output / f"{name}.safetensors"))
 
 
-#: (workflow, sampler, cfg, KSampler): ComfyUI's own graphs the remote MODEL must sample as core's UNETLoader does
-CORE_MODEL_CASES = {"t2va-euler": ("t2va", "euler", 1.0, False),
-                    "i2va-res_multistep-cfg2-ksampler": ("i2va", "res_multistep", 2.0, True),
-                    "r2va-euler": ("r2va", "euler", 1.0, False)}
+#: (workflow, sampler, cfg, KSampler, LoRAs): ComfyUI's own graphs the remote MODEL must sample as core's
+#: UNETLoader does
+CORE_MODEL_CASES = {"t2va-euler": ("t2va", "euler", 1.0, False, ()),
+                    "i2va-res_multistep-cfg2-ksampler": ("i2va", "res_multistep", 2.0, True, ()),
+                    "r2va-euler": ("r2va", "euler", 1.0, False, ()),
+                    "t2va-lora": ("t2va", "euler", 1.0, False, ((CORE_LORAS[0], 0.8),)),
+                    "t2va-two-loras": ("t2va", "euler", 1.0, False, ((CORE_LORAS[0], 0.8), (CORE_LORAS[1], -0.5))),
+                    "t2va-lora-strength-0": ("t2va", "euler", 1.0, False, ((CORE_LORAS[0], 0.0),))}
 CORE_MODEL_DIFFS: dict[str, dict] = {}  # case -> measured max abs differences (printed, and in the README)
 
 
@@ -703,8 +757,8 @@ def test_core_model_graph_matches_core_unetloader_with_the_dit_on_b(comfyui, cas
     (video and audio streams) agree within CORE_MODEL_TOLERANCE; the sampler node (the executing one) gets the
     readout, with one forward per step (two with CFG, as ComfyUI runs H3's cond and uncond apart); the video is
     written."""
-    workflow, sampler, cfg, ksampler = CORE_MODEL_CASES[case]
-    kw = dict(workflow=workflow, sampler=sampler, cfg=cfg, ksampler=ksampler)
+    workflow, sampler, cfg, ksampler, loras = CORE_MODEL_CASES[case]
+    kw = dict(workflow=workflow, sampler=sampler, cfg=cfg, ksampler=ksampler, loras=loras)
     pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, f"core_local_{case}", **kw)))
     _ok(messages, pid)
     pid, messages, entry = asyncio.run(_run(comfyui, _core_model_prompt(True, f"core_remote_{case}", **kw)))
@@ -724,6 +778,13 @@ def test_core_model_graph_matches_core_unetloader_with_the_dit_on_b(comfyui, cas
     assert stage["stage"] == "sampling" and stage["info"]["forwards"] >= forwards, stage
     assert stage["compute_s"] > 0 and stage["info"]["per_forward"]["bytes_a_to_b"] > 0, stage
     assert f"{stage['info']['forwards']} forwards on B" in stage["note"], stage["note"]
+    if loras:  # a LoRA changes the result, strength 0 does not; on B it patched the modules the file names
+        if (comfyui.output / "core_local_t2va-euler.safetensors").is_file():  # the same graph without a LoRA
+            plain = _latents(comfyui, "core_local_t2va-euler")
+            moved = max(float((plain[k] - local[k]).abs().max()) for k in local)
+            assert (moved == 0.0) == all(s == 0 for _, s in loras), moved
+        patched = stage["info"]["lora_modules"]
+        assert (patched == 0) if all(s == 0 for _, s in loras) else (patched > 0), stage["info"]
     (video,) = entry["outputs"]["14"]["images"]
     facts = _mp4_facts(comfyui.output / video["subfolder"] / video["filename"])
     assert (facts["width"], facts["height"], facts["frames"]) == (64, 64, 22), facts

@@ -33,11 +33,14 @@ import comfy.model_detection
 import comfy.model_management
 import comfy.model_patcher
 import comfy.patcher_extension
+import comfy.weight_adapter
+import ray
 import torch
 
 from ..engine.contract import wire
 from ..engine.contract.errors import H3Cancelled
 from ..engine.executor import remote_forward
+from ..engine.model import comfy_keys
 
 #: safetensors dtype names as B reports them -> torch
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
@@ -78,6 +81,7 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
                  partition: str = "transformer"):
         torch.nn.Module.__init__(self)
         self.partition = partition
+        self.file_tensors: dict = {}  # name -> (shape, dtype) of the file B serves (build_model sets them)
         for name in ("dtype", "hidden_size", "patch_size", "latents_dim", "audio_latents_dim", "sigma_shift_video",
                      "sigma_shift_audio", "use_adaln_curves"):
             setattr(self, name, getattr(like, name))
@@ -88,19 +92,44 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
         self.finished: list[dict] = []  # summaries of the samplings this model ran (the readout's source)
         self._lock = threading.Lock()
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """The file's tensors as meta tensors (no memory): ComfyUI's LoRA loaders map a LoRA's keys to the model's
+        by these names, and its patcher records a patch only for a name the model has."""
+        for name, (shape, dtype) in self.file_tensors.items():
+            destination[prefix + name] = torch.empty(shape, dtype=dtype, device="meta")
+
     def preprocess_text_embeds(self, text_states):
         return text_states  # B refines them in each forward
 
     @contextlib.contextmanager
-    def one_sampling(self):
+    def one_sampling(self, patches: dict | None = None):
+        """The forwards of one sampler run on one B worker, with the sampling model's LoRA patches (``patches``:
+        its ``ModelPatcher.patches``) put on B once per set."""
+        lora_ref = self._lora_ref(patches or {})
         with self._lock:
             self.sampling = self.open_sampling()
+            self.sampling.lora_ref = lora_ref
         try:
             yield self.sampling
         finally:
             with self._lock:
                 done, self.sampling = self.sampling, None
             self._finish(done)
+
+    def _lora_ref(self, patches: dict):
+        """The object reference of the LoRA set ``patches`` make (None: no LoRA), put once per set: the same
+        LoRA file at the same strength on the next prompt crosses no more."""
+        key = tuple(sorted((k, id(p[1]), float(p[0])) for k, plist in patches.items() for p in plist))
+        if not key:
+            return None
+        if not hasattr(self, "_lora_refs"):
+            self._lora_refs = {}
+        ref = self._lora_refs.get(key)
+        if ref is None:
+            lora = lora_set(patches)
+            ref = None if lora is None else ray.put(lora.validate())
+            self._lora_refs = {**dict(list(self._lora_refs.items())[-3:]), key: ref}
+        return ref
 
     def _finish(self, sampling) -> None:
         summary = sampling.summary()
@@ -221,9 +250,41 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
         return [-video_out.to(device=dev, dtype=video_x.dtype), -audio_out.to(device=dev, dtype=audio_x.dtype)]
 
 
+def lora_set(patches: dict) -> wire.ComfyLoraSet | None:
+    """ComfyUI's weight patches of the model (``ModelPatcher.patches``: what its LoRA loaders add) as B applies
+    them: LoRA up/down pairs with ComfyUI's factor (``strength * alpha / rank``); strength 0 adds nothing. Any other
+    kind of patch (LoHa, LoKr, a full diff, DoRA, a function or an offset) is refused in one sentence: B would
+    otherwise sample without it."""
+    out = []
+    for key, plist in patches.items():
+        name = key.removeprefix("diffusion_model.")
+        for strength, adapter, strength_model, offset, function in plist:
+            kind = getattr(adapter, "name", None) or (adapter[0] if isinstance(adapter, tuple) and adapter
+                                                        and isinstance(adapter[0], str) else type(adapter).__name__)
+            if not isinstance(adapter, comfy.weight_adapter.LoRAAdapter):
+                raise ValueError(f"the {kind} patch on {name} (a LoRA loader's file) is a kind B cannot apply: B "
+                                 "applies LoRA up/down patches; convert the file to a plain LoRA, or use core's "
+                                 "UNETLoader for this graph.")
+            up, down, alpha, mid, dora, reshape = adapter.weights[:6]
+            extra = [n for n, v in (("a LoCon mid weight", mid), ("DoRA scales", dora), ("a reshape", reshape),
+                                    ("an offset", offset), ("a function", function)) if v is not None]
+            if strength_model != 1.0:
+                extra.append(f"model strength {strength_model}")
+            if extra:
+                raise ValueError(f"the LoRA patch on {name} carries {', '.join(extra)}, which B cannot apply: use a "
+                                 "plain LoRA, or core's UNETLoader for this graph.")
+            if strength == 0:
+                continue
+            factor = float(strength) * (float(alpha) / down.shape[0] if alpha is not None else 1.0)
+            out.append(wire.ComfyLora(name, factor, wire.WireTensor.from_torch(up.flatten(1)),
+                                      wire.WireTensor.from_torch(down.flatten(1))))
+    return wire.ComfyLoraSet(tuple(out)) if out else None
+
+
 def _sampling_wrapper(model: RemoteH3Model):
     def wrapper(executor, *args, **kwargs):
-        with model.one_sampling():
+        patcher = getattr(executor.class_obj, "model_patcher", None)  # the guider's: the clone with the LoRAs
+        with model.one_sampling(getattr(patcher, "patches", None)):
             return executor(*args, **kwargs)
     return wrapper
 
@@ -248,9 +309,12 @@ def build_model(file_info: dict, open_sampling: Callable[[], remote_forward.Remo
     model = config.get_model(sd, "", device=torch.device("meta"))
     model.diffusion_model = RemoteH3Model(model.diffusion_model, open_sampling, interrupted, on_done,
                                          partition)
+    model.diffusion_model.file_tensors = {k: (t.shape, t.dtype) for k, t in sd.items()
+                                          if not comfy_keys.is_side_key(k)}
     model.memory_required = lambda *args, **kwargs: 0  # the DiT's working memory is on B
+    # size 1: the model's state dict names the file's tensors (for LoRA keys) but none of them is on A
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=load_device,
-                                               offload_device=comfy.model_management.unet_offload_device())
+                                               offload_device=comfy.model_management.unet_offload_device(), size=1)
     patcher.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, SAMPLING_KEY,
                                  _sampling_wrapper(model.diffusion_model))
     return patcher

@@ -663,6 +663,52 @@ class ForwardResult:
         return self
 
 
+@dataclass(frozen=True)
+class ComfyLora:
+    """One LoRA patch of ComfyUI's model (``LoraLoaderModelOnly`` and friends) for B: the weight ``key`` in
+    ComfyUI's names (``blocks.0.attn.qkv_proj.weight``), ``up`` (out, rank) and ``down`` (rank, in) and the factor
+    ComfyUI multiplies them with (``strength * alpha / rank``). B adds ``scale * up @ down @ x`` to the layer's output:
+    ComfyUI's own LoRA arithmetic in its bypass form (its ``h(x)``), which leaves B's resident weights untouched."""
+
+    key: str
+    scale: float
+    up: WireTensor
+    down: WireTensor
+
+    def validate(self) -> "ComfyLora":
+        if not isinstance(self.key, str) or not self.key.endswith(".weight"):
+            raise WireError(f"LoRA key {self.key!r} is not a weight of ComfyUI's model.")
+        if not isinstance(self.scale, float) or self.scale != self.scale:
+            raise WireError(f"LoRA scale of {self.key} is {self.scale!r}, expected a number.")
+        self.up.check(f"{self.key} up", _FLOAT_DTYPES, (None, None))
+        self.down.check(f"{self.key} down", _FLOAT_DTYPES, (self.up.shape[1], None))
+        return self
+
+
+@dataclass(frozen=True)
+class ComfyLoraSet:
+    """A->B once per set of LoRA patches (kept on B by the id of the object that carries it): every patch of the
+    sampler's model; several LoRAs on one key are several entries, applied together."""
+
+    patches: tuple
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.up.nbytes + p.down.nbytes for p in self.patches)
+
+    def validate(self, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> "ComfyLoraSet":
+        _check_version(self, "A->B LoRA set")
+        for p in self.patches:
+            if not isinstance(p, ComfyLora):
+                raise WireError(f"a LoRA set holds a {type(p).__name__}, expected ComfyLora.")
+            p.validate()
+        if self.nbytes > max_bytes:
+            raise WireError(f"the LoRA set is {self.nbytes} bytes, over the {max_bytes}-byte cap "
+                            "(H3_MAX_PAYLOAD_BYTES): raise the cap on both machines.")
+        return self
+
+
 def video_latent_frames(num_frames: int) -> int:
     """Latent frames of a ``17n+5`` frame count (diffusers' own arithmetic, loaded when a payload is checked)."""
     from diffusers.modular_pipelines.minimax_h3.modular_pipeline import video_latent_num_frames  # noqa: PLC0415

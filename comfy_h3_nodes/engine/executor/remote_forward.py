@@ -61,6 +61,8 @@ class RemoteSampling:
     records: list[ForwardRecord] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     _contexts: dict = field(default_factory=dict)
+    lora_ref: object = None  # the sampling's LoRA patch set (wire.ComfyLoraSet), put once; None: no LoRA
+    lora_modules: int = 0  # how many of B's modules it patched (B's answer)
 
     def context_ref(self, key: tuple, make: Callable[[], wire.ForwardContext]):
         """The object reference of the context ``key`` names (``make`` builds it the first time): put once per
@@ -82,7 +84,8 @@ class RemoteSampling:
                                 wire.WireTensor.from_torch(audio), wire.WireTensor.from_torch(timestep),
                                 wire.WireTensor.from_torch(timestep_indices))
         sent = time.time()
-        ref = self.handle.forward.options(num_returns=2).remote([ctx_ref], call)
+        refs = [ctx_ref] if self.lora_ref is None else [ctx_ref, self.lora_ref]
+        ref = self.handle.forward.options(num_returns=2).remote(refs, call)
         result_ref, info_ref = ref
         deadline = time.monotonic() + self.forward_timeout
         while True:
@@ -108,6 +111,7 @@ class RemoteSampling:
                           "next sampling picks a DiT worker that answers.") from None
         got = time.time()
         result.validate(call)
+        self.lora_modules = info.get("lora_modules", 0)
         arrived = info["arrived"] - self.clock_offset_s
         ended = info["ended"] - self.clock_offset_s
         self.records.append(ForwardRecord(
@@ -128,6 +132,7 @@ class RemoteSampling:
                for k in ("round_trip_s", "compute_s", "a_to_b_s", "b_to_a_s", "bytes_a_to_b", "bytes_b_to_a")}
         per = {k: round(v / n, 6) for k, v in tot.items()} if n else {}
         return {"sampling_id": self.sampling_id, "worker": self.worker, "forwards": n, "total": tot,
+                "lora_modules": self.lora_modules,
                 "per_forward": per, "started": self.started, "wall_s": round(time.time() - self.started, 6),
                 "records": [asdict(r) for r in self.records]}
 

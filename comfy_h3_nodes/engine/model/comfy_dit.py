@@ -149,7 +149,7 @@ def comfy_to_diffusers(names) -> dict[str, tuple[str, str, int]]:
     return out
 
 
-def _transform(value, how: str, part: int, fmt: str | None):
+def cut_rows(value, how: str, part: int, fmt: str | None):
     """One stored tensor (plain) or quantised layer's parts (``fmt``) cut or reordered as ``how`` says."""
     if how == "plain":
         return value
@@ -191,10 +191,10 @@ def load(source: formats.TransformerSource, dtype: torch.dtype, device: str = "c
             fmt = layers.get(layer) if layer is not None else None
             target = params[name]
             if fmt is None:
-                value = _transform(fh.get_tensor(stored_name), how, part, None)
+                value = cut_rows(fh.get_tensor(stored_name), how, part, None)
                 value = value.to(torch.float32 if keep32 else dtype)
             else:
-                parts = _transform(quant.read_layer(fh.get_tensor, names, layer), how, part, fmt)
+                parts = cut_rows(quant.read_layer(fh.get_tensor, names, layer), how, part, fmt)
                 if stored and not keep32:
                     value = quant.stored_tensor({k: v.to(device) for k, v in parts.items()}, fmt,
                                                 tuple(target.shape), dtype)
