@@ -704,6 +704,27 @@ def test_core_model_refuses_a_dit_patch_b_cannot_apply_and_next_prompt_runs(comf
     _ok(messages, pid)
 
 
+def test_core_model_refuses_an_adapter_kind_b_cannot_apply_then_runs_without_the_lora(comfyui):
+    """A LoHa through core's LoraLoaderModelOnly on the remote MODEL: the sampler is refused in one sentence naming
+    the kind and the layer (B never samples without it); the same graph after a LoRA prompt and without any LoRA
+    runs on B's untouched weights: within CORE_MODEL_TOLERANCE of core's UNETLoader on the plain graph."""
+    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_loha", loras=((CORE_LOHA, 1.0),))))
+    (err,) = _of(messages, "execution_error", pid)
+    msg = err["exception_message"]
+    assert err["node_id"] == "10" and "the loha patch on blocks.0." in msg and "cannot apply" in msg, (err["node_id"], msg)
+    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_lora_first",
+                                                                    loras=((CORE_LORAS[0], 1.0),))))
+    _ok(messages, pid)
+    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_lora_removed")))
+    _ok(messages, pid)
+    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, "core_lora_removed_local")))
+    _ok(messages, pid)
+    with_lora, removed = _latents(comfyui, "core_lora_first"), _latents(comfyui, "core_lora_removed")
+    local = _latents(comfyui, "core_lora_removed_local")
+    assert all(float((local[k] - removed[k]).abs().max()) <= CORE_MODEL_TOLERANCE for k in local)
+    assert all(float((local[k] - with_lora[k]).abs().max()) > 1e-3 for k in local)
+
+
 def test_core_model_b_killed_mid_sampling_is_reported_within_10_s_and_next_prompt_runs(comfyui):
     """B's DiT worker killed (SIGKILL) while a forward runs: the sampler fails within 10 s with a sentence that
     names B, the forward and what to do; the next prompt gets a worker again and runs to its video."""
