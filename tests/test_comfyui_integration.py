@@ -360,6 +360,7 @@ async def _run(server: ComfyUI, api: dict, ui: dict | None = None, on_message=No
                 m = _decode(msg)
                 if m is None:
                     continue
+                m["t"] = time.monotonic()  # when the test saw it (node times in the benchmark lines)
                 messages.append(m)
                 if on_message is not None:
                     await on_message(http, m)
@@ -754,6 +755,13 @@ def test_core_model_b_killed_mid_sampling_is_reported_within_10_s_and_next_promp
     assert all(w["pid"] != killed["pid"] for w in st["workers"]), st["workers"]
 
 
+def _node_seconds(messages, pid, node: str) -> float:
+    """How long ComfyUI executed ``node`` (from its ``executing`` message to the next one), as the test saw it."""
+    ex = [m for m in messages if m["type"] == "executing" and m["data"].get("prompt_id") == pid]
+    i = next(i for i, m in enumerate(ex) if m["data"]["node"] == node)
+    return ex[i + 1]["t"] - ex[i]["t"]
+
+
 def _latents(comfyui, name: str) -> dict:
     from safetensors.torch import load_file
 
@@ -780,11 +788,12 @@ def test_core_model_graph_matches_core_unetloader_with_the_dit_on_b(comfyui, cas
     written."""
     workflow, sampler, cfg, ksampler, loras = CORE_MODEL_CASES[case]
     kw = dict(workflow=workflow, sampler=sampler, cfg=cfg, ksampler=ksampler, loras=loras)
-    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, f"core_local_{case}", **kw)))
-    _ok(messages, pid)
+    local_pid, local_messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, f"core_local_{case}", **kw)))
+    _ok(local_messages, local_pid)
     pid, messages, entry = asyncio.run(_run(comfyui, _core_model_prompt(True, f"core_remote_{case}", **kw)))
     _ok(messages, pid)
     local, remote = _latents(comfyui, f"core_local_{case}"), _latents(comfyui, f"core_remote_{case}")
+    remote_s, local_s = _node_seconds(messages, pid, "10"), _node_seconds(local_messages, local_pid, "10")
     assert sorted(local) == sorted(remote) == ["stream0", "stream1"], (sorted(local), sorted(remote))
     diffs = {k: float((local[k] - remote[k]).abs().max()) for k in local}
     scale = {k: float(local[k].abs().max()) for k in local}
@@ -799,6 +808,12 @@ def test_core_model_graph_matches_core_unetloader_with_the_dit_on_b(comfyui, cas
     assert stage["stage"] == "sampling" and stage["info"]["forwards"] >= forwards, stage
     assert stage["compute_s"] > 0 and stage["info"]["per_forward"]["bytes_a_to_b"] > 0, stage
     assert f"{stage['info']['forwards']} forwards on B" in stage["note"], stage["note"]
+    n = stage["info"]["forwards"]
+    print(f"core_model {case} sampler node: local UNETLoader {local_s:.3f} s, remote MODEL {remote_s:.3f} s "
+          f"(x{remote_s / local_s:.2f}), {(remote_s - local_s) / n * 1e3:.1f} ms more per forward over {n}; "
+          f"per forward on B {stage['info']['per_forward']['compute_s'] * 1e3:.1f} ms compute, "
+          f"{(stage['info']['per_forward']['a_to_b_s'] + stage['info']['per_forward']['b_to_a_s']) * 1e3:.1f} ms "
+          "transfer")
     if loras:  # a LoRA changes the result, strength 0 does not; on B it patched the modules the file names
         if (comfyui.output / "core_local_t2va-euler.safetensors").is_file():  # the same graph without a LoRA
             plain = _latents(comfyui, "core_local_t2va-euler")
