@@ -2054,3 +2054,125 @@ def test_previews_in_their_place_after_a_run(comfyui_frontends, browser, version
     finally:
         page.close()
         _http_json(server, "POST", f"/api/settings/{VUE_SETTING}", False)
+
+
+CORE_T2V_TEMPLATE = "video_minimax_h3_t2v"  # ComfyUI's own template: its UNETLoader sits inside a subgraph
+MISSING_MODELS_SETTING = "Comfy.Workflow.ShowMissingModelsWarning"
+#: enters the subgraph that holds the UNETLoader, puts that node at zoom 1 in the middle of the canvas, and says
+#: what it is linked to (its MODEL output's targets) and where a user right-clicks it (its title, in page pixels)
+JS_ENTER_UNETLOADER = """async () => {
+  const app = window.app;
+  const holder = app.graph.nodes.find((n) => n.subgraph?.nodes?.some((m) => m.type === 'UNETLoader'));
+  app.canvas.openSubgraph(holder.subgraph, holder);
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const g = app.canvas.graph;
+  const node = g.nodes.find((n) => n.type === 'UNETLoader');
+  const ds = app.canvas.ds, rect = app.canvas.canvas.getBoundingClientRect();
+  ds.scale = 1;
+  ds.offset[0] = rect.width / 2 - node.pos[0] - node.size[0] / 2;
+  ds.offset[1] = rect.height / 2 - node.pos[1] - node.size[1] / 2;
+  app.canvas.setDirty(true, true);
+  const link = (id) => g.getLink?.(id) ?? g.links?.get?.(id) ?? g.links?.[id];
+  const feed = (n) => { const l = link(n.inputs.find((i) => i.name === 'unet_name')?.link); return l ? [String(l.origin_id), l.origin_slot] : null; };
+  return { holder: String(holder.id), graph_is_subgraph: g !== app.rootGraph, id: String(node.id), feed: feed(node),
+           unet_name: node.widgets.find((w) => w.name === 'unet_name').value,
+           targets: node.outputs[0].links.map((id) => [String(link(id).target_id), link(id).target_slot]).sort() };
+}"""
+JS_TITLE_POINT = """(id) => {
+  const app = window.app, ds = app.canvas.ds, rect = app.canvas.canvas.getBoundingClientRect();
+  const el = document.querySelector(`[data-node-id="${id}"]`);
+  if (el && el.getBoundingClientRect().width > 0) {
+    const r = el.getBoundingClientRect();
+    return [r.left + Math.min(60, r.width / 4), r.top + 12];
+  }
+  const node = app.canvas.graph.getNodeById(Number(id));
+  const title = window.LiteGraph?.NODE_TITLE_HEIGHT ?? 30;
+  return [(node.pos[0] + 60 + ds.offset[0]) * ds.scale + rect.left,
+          (node.pos[1] - title / 2 + ds.offset[1]) * ds.scale + rect.top];
+}"""
+JS_AFTER_SWAP = """async () => {
+  const app = window.app, g = app.canvas.graph;
+  const link = (id) => g.getLink?.(id) ?? g.links?.get?.(id) ?? g.links?.[id];
+  const every = [];
+  const walk = (graph) => { for (const n of graph.nodes) { every.push(n.type); if (n.subgraph) walk(n.subgraph); } };
+  walk(app.rootGraph);
+  const made = g.nodes.filter((n) => n.type === 'H3RemoteModel');
+  const out = (n) => n.outputs.findIndex((o) => o.type === 'MODEL');
+  const feed = (n) => { const l = link(n.inputs.find((i) => i.name === 'unet_name')?.link); return l ? [String(l.origin_id), l.origin_slot] : null; };
+  return {
+    types: every,
+    made: made.map((n) => ({ id: String(n.id), pos: [n.pos[0], n.pos[1]], feed: feed(n),
+                             unet_name: n.widgets.find((w) => w.name === 'unet_name').value,
+                             targets: (n.outputs[out(n)].links ?? []).map((id) => [String(link(id).target_id),
+                                                                                   link(id).target_slot]).sort() })),
+    prompt: (await app.graphToPrompt()).output,
+  };
+}"""
+
+
+@FRONTENDS
+@MODES
+def test_core_model_swap_from_unetloader_context_menu(comfyui_frontends, browser, version, vue):
+    """Issue #28: ComfyUI's own ``video_minimax_h3_t2v`` template as the server serves it, its subgraph entered
+    (``canvas.openSubgraph``, what the subgraph node's enter button calls; the view then centred on the node), its
+    UNETLoader right-clicked on its title (a real right-click, the canvas's in the classic mode, the Vue node's in
+    Vue-node mode) and "Run on machine B" clicked in the node's context menu: the subgraph then holds no UNETLoader
+    but an H3RemoteModel at the same place with the same unet_name, fed by the same subgraph input, whose MODEL output
+    goes to the same nodes and slots, and the API prompt the page makes (graphToPrompt) has that H3RemoteModel with
+    that unet_name, its former MODEL consumers reading from it; one undo gives the UNETLoader back. Screenshots
+    before, with the menu open and after go to H3_SCREENSHOTS."""
+    server = comfyui_frontends(version)
+    wf = _http_json(server, "GET", f"/templates/{CORE_T2V_TEMPLATE}.json")  # as the Templates browser gets it
+    _http_json(server, "POST", f"/api/settings/{MISSING_MODELS_SETTING}", False)  # its files are not on this machine
+    page = ComfyPage(server, browser, vue=vue, version=version)
+    try:
+        page.page.evaluate("async (wf) => { await window.app.loadGraphData(wf); }", wf)
+        page.settle(800)
+        page.page.keyboard.press("Escape")  # any dialog the frontend opened on load
+        before_prompt = page.page.evaluate("async () => (await window.app.graphToPrompt()).output")
+        old = page.page.evaluate(JS_ENTER_UNETLOADER)
+        assert old["graph_is_subgraph"] and old["targets"], old
+        if vue:
+            page.page.wait_for_selector(f'[data-node-id="{old["id"]}"]', state="visible")
+        page.settle(800)
+        old_pos = page.page.evaluate("(id) => [...window.app.canvas.graph.getNodeById(Number(id)).pos]", old["id"])
+        page.shot("core_model_swap_before")
+        x, y = page.page.evaluate(JS_TITLE_POINT, old["id"])
+        page.page.mouse.click(x, y, button="right")
+        entry = page.page.get_by_text("Run on machine B", exact=True)
+        entry.first.wait_for(state="visible", timeout=10000)
+        page.shot("core_model_swap_menu")
+        entry.first.click()
+        page.page.wait_for_function("() => !window.app.canvas.graph.nodes.some((n) => n.type === 'UNETLoader')")
+        page.settle(800)
+        page.shot("core_model_swap_after")
+        after = page.page.evaluate(JS_AFTER_SWAP)
+        assert "UNETLoader" not in after["types"], after["types"]
+        (made,) = after["made"]
+        assert made["unet_name"] == old["unet_name"], (made, old)
+        assert made["pos"] == old_pos, (made, old_pos)
+        assert made["targets"] == old["targets"], (made, old)
+        # the subgraph's unet_name input (the widget on the subgraph's node outside) now feeds the new node
+        assert old["feed"] == ["-10", 7] and made["feed"] == old["feed"], (made, old)
+        # the API prompt: the UNETLoader's place in it taken by the H3RemoteModel, its consumers reading from it
+        prompt = after["prompt"]
+        (old_key,) = [k for k, v in before_prompt.items() if v["class_type"] == "UNETLoader"]
+        (new_key,) = [k for k, v in prompt.items() if v["class_type"] == "H3RemoteModel"]
+        assert not [k for k, v in prompt.items() if v["class_type"] == "UNETLoader"]
+        assert prompt[new_key]["inputs"]["unet_name"] == old["unet_name"], prompt[new_key]
+        consumers = {(k, name) for k, v in before_prompt.items() for name, x in v["inputs"].items()
+                     if isinstance(x, list) and x[:1] == [old_key]}
+        assert consumers, before_prompt
+        for k, name in consumers:
+            assert prompt[k]["inputs"][name] == [new_key, 0], (k, name, prompt[k])
+        # the swap is one undo step: one undo gives the UNETLoader back, and no H3RemoteModel
+        page.page.evaluate("async () => { await window.app.extensionManager.workflow.activeWorkflow.changeTracker"
+                           ".undo(); }")
+        page.settle(800)
+        undone = page.page.evaluate(JS_AFTER_SWAP)["types"]
+        assert "UNETLoader" in undone and "H3RemoteModel" not in undone, undone
+        page.assert_clean()
+    finally:
+        page.close()
+        _http_json(server, "POST", f"/api/settings/{VUE_SETTING}", False)
+        _http_json(server, "POST", f"/api/settings/{MISSING_MODELS_SETTING}", True)

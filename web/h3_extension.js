@@ -10,8 +10,12 @@
 //   is drawn whether or not that element is attached yet;
 // - the `model_path` picker of every H3RemoteDiT node offers what machine B reported it has (`b_models` of the
 //   node's h3.timing, `models.B` of /h3/status), the node's current value kept as it is;
+// - "Run on machine B" in the context menu of every UNETLoader (root graph or subgraph, classic canvas or Vue nodes):
+//   the node becomes an H3RemoteModel (h3_swap.js), in one undo step; the frontends' node-menu hook
+//   (`getNodeMenuItems`, 1.49 and later, both UI modes read it) or, without it, the node's `getExtraMenuOptions`;
+//   the same swap is `window.comfyH3.runOnMachineB(node)`;
 // - every handler is wrapped: nothing here throws into the console (console.warn at most).
-// The logic lives in h3_view.js, h3_timeline.js and h3_dom.js (no ComfyUI import there).
+// The logic lives in h3_view.js, h3_timeline.js, h3_dom.js and h3_swap.js (no ComfyUI import there).
 
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
@@ -20,6 +24,7 @@ import { statusModel } from "./h3_status.js";
 import {
   B_MODEL_NODE_TYPE, bModelsFrom, DEFAULT_WARN_PERCENT, H3Store, isH3NodeType, MODEL_WIDGET, sameChoices,
 } from "./h3_view.js";
+import { isSwappable, SWAP_FROM_TYPE, SWAP_MENU_LABEL, swapToRemoteModel } from "./h3_swap.js";
 import {
   createFloatingPanel, createReadoutElement, downloadText, ensureStyles, renderReadout, TimelinePanel,
 } from "./h3_dom.js";
@@ -487,6 +492,43 @@ function nameQueuedPrompts() {
   api.queuePrompt = named;
 }
 
+// ------------------------------------------------------------------------------------------------ run on machine B
+
+/** The menu entry's swap: the UNETLoader `node` becomes an H3RemoteModel in its own graph, as one undo step. */
+export function runOnMachineB(node) {
+  const canvas = app.canvas;
+  canvas?.emitBeforeChange?.(); // the frontend's change tracker: one undo step for the whole swap
+  let made;
+  try {
+    made = swapToRemoteModel(node, { createNode: (type) => globalThis.LiteGraph?.createNode?.(type) ?? null });
+  } finally {
+    canvas?.emitAfterChange?.();
+  }
+  canvas?.setDirty?.(true, true);
+  return made;
+}
+
+function swapMenuItems(node) {
+  if (!isSwappable(node)) return [];
+  return [{ content: SWAP_MENU_LABEL, callback: safe(() => runOnMachineB(node)) }];
+}
+
+/** Frontends without the extensions' node-menu hook: the entry comes from the node type's getExtraMenuOptions. */
+function addLegacyMenu(nodeType) {
+  const proto = nodeType?.prototype;
+  if (!proto || typeof app.collectNodeMenuItems === "function") return; // the hook is there: one entry, not two
+  const original = proto.getExtraMenuOptions;
+  proto.getExtraMenuOptions = function h3ExtraMenuOptions(canvas, options) {
+    const r = original?.apply(this, [canvas, options]);
+    try {
+      if (Array.isArray(options)) options.push(...swapMenuItems(this));
+    } catch (e) {
+      warn(e);
+    }
+    return r;
+  };
+}
+
 // ------------------------------------------------------------------------------------------------ registration
 
 app.registerExtension({
@@ -502,7 +544,12 @@ app.registerExtension({
       onChange: safe(() => changed()),
     },
   ],
+  getNodeMenuItems: safe((node) => swapMenuItems(node)),
+  beforeRegisterNodeDef: safe((nodeType, nodeData) => {
+    if (nodeData?.name === SWAP_FROM_TYPE) addLegacyMenu(nodeType);
+  }),
   setup: safe(function setup() {
+    globalThis.comfyH3 = Object.assign(globalThis.comfyH3 ?? {}, { runOnMachineB });
     ensureStyles(document);
     listen();
     nameQueuedPrompts();
