@@ -39,6 +39,7 @@ modules (see ``test_comfy_org_files_match_comfyuis_own_modules`` for the toleran
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import copy
 import io
@@ -2110,6 +2111,33 @@ JS_AFTER_SWAP = """async () => {
 }"""
 
 
+def _tiny_core_template_prompt(prompt: dict) -> dict:
+    """ComfyUI's ``video_minimax_h3_t2v`` as the page's API prompt, with what a tiny run needs: the text encoder and
+    the VAEs from the test-only tiny nodes (ComfyUI's CLIPLoader and VAELoader build them at their released sizes),
+    the DiT on B the tiny Comfy-Org file in fp32, the turbo LoRA a tiny one, and the smallest canvas (0.1 MP, 5
+    frames, 2 steps). Everything else (the subgraph's sampler, guider, scheduler, switches, math nodes, VAEDecode,
+    VAEDecodeAudio, CreateVideo, SaveVideo) is the template's."""
+    api = copy.deepcopy(prompt)
+    for nid, node in api.items():
+        kind, inputs = node["class_type"], node["inputs"]
+        if kind == "CLIPLoader":
+            api[nid] = {"class_type": "H3TestTinyCLIP", "inputs": {"seed": 0}}
+        elif kind == "VAELoader":
+            api[nid] = {"class_type": "H3TestTinyVAE",
+                        "inputs": {"kind": "audio" if "audio" in str(inputs.get("vae_name")) else "video", "seed": 0}}
+        elif kind == "H3RemoteModel":
+            inputs.update(unet_name=NATIVE_DIT, dtype="float32")
+        elif kind == "LoraLoaderModelOnly":
+            inputs["lora_name"] = CORE_LORAS[0]
+        elif kind == "PrimitiveInt":
+            inputs["value"] = 2
+        elif kind == "PrimitiveFloat":
+            inputs["value"] = 0.2
+        elif kind == "ResolutionSelector":
+            inputs["megapixels"] = 0.1
+    return api
+
+
 @FRONTENDS
 @MODES
 def test_core_model_swap_from_unetloader_context_menu(comfyui_frontends, browser, version, vue):
@@ -2120,7 +2148,8 @@ def test_core_model_swap_from_unetloader_context_menu(comfyui_frontends, browser
     but an H3RemoteModel at the same place with the same unet_name, fed by the same subgraph input, whose MODEL output
     goes to the same nodes and slots, and the API prompt the page makes (graphToPrompt) has that H3RemoteModel with
     that unet_name, its former MODEL consumers reading from it; one undo gives the UNETLoader back. Screenshots
-    before, with the menu open and after go to H3_SCREENSHOTS."""
+    before, with the menu open and after go to H3_SCREENSHOTS. The page's prompt after the swap, queued with the tiny
+    files (:func:`_tiny_core_template_prompt`), gives a video, its sampler's forwards on B."""
     server = comfyui_frontends(version)
     wf = _http_json(server, "GET", f"/templates/{CORE_T2V_TEMPLATE}.json")  # as the Templates browser gets it
     _http_json(server, "POST", f"/api/settings/{MISSING_MODELS_SETTING}", False)  # its files are not on this machine
@@ -2165,6 +2194,16 @@ def test_core_model_swap_from_unetloader_context_menu(comfyui_frontends, browser
         assert consumers, before_prompt
         for k, name in consumers:
             assert prompt[k]["inputs"][name] == [new_key, 0], (k, name, prompt[k])
+        # queued with tiny files (the page's own prompt, its loaders pointed at the tiny fixtures): a video
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright's sync API holds this thread's loop
+            pid, messages, entry = pool.submit(asyncio.run, _run(server, _tiny_core_template_prompt(prompt))).result()
+        _ok(messages, pid)
+        (saved,) = [o for o in entry["outputs"].values() if o.get("images")]
+        (video,) = saved["images"]
+        facts = _mp4_facts(server.output / video["subfolder"] / video["filename"])
+        assert facts["codecs"] == {"video": "h264", "audio": "aac"} and facts["frames"] > 0, facts
+        timings = [t for t in _of(messages, "h3.timing", pid) if t["node_type"] == "sampler"]
+        assert timings and timings[0]["stages"][0]["info"]["forwards"] > 0, timings
         # the swap is one undo step: one undo gives the UNETLoader back, and no H3RemoteModel
         page.page.evaluate("async () => { await window.app.extensionManager.workflow.activeWorkflow.changeTracker"
                            ".undo(); }")
