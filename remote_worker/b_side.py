@@ -492,8 +492,8 @@ class BSide(Releasable):
 
             def rows(target, cond, x):
                 out = torch.empty(batch, target.shape[0], x.shape[-1], dtype=torch.float32)
-                out[:, target] = x
-                out[:, ~target] = cond
+                out[:, target] = x.float()  # bf16 rows widen exactly
+                out[:, ~target] = cond.float()
                 return out.to(self.device)
 
             vt, at = ctx["video_target"], ctx["audio_target"]
