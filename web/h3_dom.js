@@ -59,6 +59,7 @@ svg.h3-wf .h3-bar-rect { stroke: rgba(0, 0, 0, .35); stroke-width: .5; }
 svg.h3-wf .h3-stage-encode .h3-bar-rect { fill: #4e9af1; }
 svg.h3-wf .h3-stage-a_to_b .h3-bar-rect, svg.h3-wf .h3-stage-b_to_a .h3-bar-rect { fill: #f0a030; }
 svg.h3-wf .h3-stage-denoise .h3-bar-rect { fill: #8e6cf0; }
+svg.h3-wf .h3-stage-sampling .h3-bar-rect { fill: #8e6cf0; }
 svg.h3-wf .h3-stage-decode .h3-bar-rect { fill: #3cb371; }
 svg.h3-wf .h3-stage-save .h3-bar-rect { fill: #2e8b57; }
 svg.h3-wf .h3-stage-load .h3-bar-rect, svg.h3-wf .h3-stage-connect .h3-bar-rect { fill: #888; }

@@ -37,11 +37,12 @@ export const MAX_LOADS = 40;
 const RUN_STAGES = ["a_to_b", "denoise", "b_to_a"];
 
 export const STAGE_ORDER = Object.freeze(["load", "connect", "lora", "prompts", "keyframes", "references", "encode",
-                                          "a_to_b", "denoise", "b_to_a", "decode", "save"]);
+                                          "a_to_b", "denoise", "sampling", "b_to_a", "decode", "save"]);
 export const TRANSFER_STAGES = Object.freeze(["a_to_b", "b_to_a"]);
-const STAGE_LABEL = { a_to_b: "A->B", b_to_a: "B->A" };
+// "sampling": a ComfyUI sampler (KSampler, SamplerCustomAdvanced) whose model's forwards ran on B (H3RemoteModel)
+const STAGE_LABEL = { a_to_b: "A->B", b_to_a: "B->A", sampling: "sampler (forwards on B)" };
 const STAGE_MACHINE = { load: "A", connect: "B", lora: "B", prompts: "A", keyframes: "A", references: "A", encode: "A",
-                        a_to_b: "B", denoise: "B", b_to_a: "A", decode: "A", save: "A" };
+                        a_to_b: "B", denoise: "B", sampling: "B", b_to_a: "A", decode: "A", save: "A" };
 
 /** What each node type's own compute is called in its readout. */
 export const NODE_VERB = Object.freeze(Object.fromEntries(Object.entries(H3_NODES).map(([k, v]) => [k, v.verb])));

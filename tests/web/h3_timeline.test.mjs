@@ -57,6 +57,17 @@ test("bars sit on their machine's lane, in time order, scaled to the plot", () =
   assert.equal(g.height, DEFAULT_LAYOUT.padTop + 2 * DEFAULT_LAYOUT.laneHeight + DEFAULT_LAYOUT.laneGap + DEFAULT_LAYOUT.axisHeight);
 });
 
+test("a ComfyUI sampler whose forwards ran on B is a row of its own, on B's lane", () => {
+  // H3RemoteModel: the sampler node's record (stage "sampling", one per sampling, its forwards as steps)
+  const req = { request_id: "s1", records: [
+    { request_id: "s1", stage: "sampling", machine: "B", node: "h3_dit", start: 10, end: 12, compute_s: 1.2,
+      fetch_s: 0.3, steps: [0.4, 0.4, 0.4], note: "3 forwards on B (h3_dit): ..." }] };
+  const g = waterfall(req, { width: 224, labelWidth: 24, padRight: 0 });
+  assert.deepEqual(g.bars.map((b) => [b.stage, b.lane, b.label]), [["sampling", "B", "sampler (forwards on B)"]]);
+  assert.match(g.bars[0].cls, /h3-stage-sampling/);
+  near(g.bars[0].w, 200);
+});
+
 test("denoise step ticks follow the per-step seconds after the partition swap", () => {
   const g = waterfall(request(), { width: 524, labelWidth: 24, padRight: 0 });
   const den = g.bars.find((b) => b.stage === "denoise");
