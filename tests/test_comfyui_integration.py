@@ -708,15 +708,20 @@ def test_core_model_refuses_a_dit_patch_b_cannot_apply_and_next_prompt_runs(comf
 
 def test_core_model_refuses_an_adapter_kind_b_cannot_apply_then_runs_without_the_lora(comfyui):
     """A LoHa through core's LoraLoaderModelOnly on the remote MODEL: the sampler is refused in one sentence naming
-    the kind and the layer (B never samples without it); the same graph after a LoRA prompt and without any LoRA
-    runs on B's untouched weights: within CORE_MODEL_TOLERANCE of core's UNETLoader on the plain graph."""
+    the kind and the layer (B never samples without it); a LoRA's tensors cross once (the same file and strength
+    on the next prompt: B fetches nothing); the same graph after a LoRA prompt and without any LoRA runs on B's
+    untouched weights: within CORE_MODEL_TOLERANCE of core's UNETLoader on the plain graph."""
     pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_loha", loras=((CORE_LOHA, 1.0),))))
     (err,) = _of(messages, "execution_error", pid)
     msg = err["exception_message"]
     assert err["node_id"] == "10" and "the loha patch on blocks.0." in msg and "cannot apply" in msg, (err["node_id"], msg)
-    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_lora_first",
-                                                                    loras=((CORE_LORAS[0], 1.0),))))
-    _ok(messages, pid)
+    fetched = []
+    for name in ("core_lora_first", "core_lora_again"):  # the LoRA crosses once per (file, strength)
+        pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, name, loras=((CORE_LORAS[0], 1.0),))))
+        _ok(messages, pid)
+        (t,) = [t for t in _of(messages, "h3.timing", pid) if t["node_type"] == "sampler"]
+        fetched.append(t["stages"][0]["info"]["lora_bytes_fetched"])
+    assert fetched[0] > 0 and fetched[1] == 0, fetched
     pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_lora_removed")))
     _ok(messages, pid)
     pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, "core_lora_removed_local")))

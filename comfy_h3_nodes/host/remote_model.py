@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import OrderedDict
 from typing import Callable
 
 import comfy.latent_formats
@@ -55,6 +56,14 @@ KNOWN_OPTIONS = {"cond_or_uncond", "uuids", "sigmas", "sample_sigmas", "wrappers
 #: of those, the ones that would change what the DiT computes inside: refused unless empty
 DIT_PATCHES = ("patches_replace", "patches", "block_modifiers", "optimized_attention_override")
 SAMPLING_KEY = "comfy_h3_remote_dit"
+#: LoRA sets put in this process's object store, by (layer, strength, tensor addresses): B keeps each by its id
+_LORA_SETS: OrderedDict = OrderedDict()
+_LORA_LOCK = threading.Lock()
+
+
+def _tensors_of(adapter) -> list:
+    weights = getattr(adapter, "weights", adapter if isinstance(adapter, tuple) else ())
+    return [t for t in weights if isinstance(t, torch.Tensor)]
 
 
 def refuse_patches(options: dict) -> None:
@@ -117,18 +126,23 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
             self._finish(done)
 
     def _lora_ref(self, patches: dict):
-        """The object reference of the LoRA set ``patches`` make (None: no LoRA), put once per set: the same
-        LoRA file at the same strength on the next prompt crosses no more."""
-        key = tuple(sorted((k, id(p[1]), float(p[0])) for k, plist in patches.items() for p in plist))
-        if not key:
+        """The object reference of the LoRA set ``patches`` make (None: no LoRA), put once per set: the same file at
+        the same strength (ComfyUI's LoRA loader keeps the file's tensors between prompts) crosses no more."""
+        keep = [(k, p) for k, plist in sorted(patches.items()) for p in plist]
+        if not keep:
             return None
-        if not hasattr(self, "_lora_refs"):
-            self._lora_refs = {}
-        ref = self._lora_refs.get(key)
-        if ref is None:
-            lora = lora_set(patches)
-            ref = None if lora is None else ray.put(lora.validate())
-            self._lora_refs = {**dict(list(self._lora_refs.items())[-3:]), key: ref}
+        key = tuple((k, float(p[0]), *(t.data_ptr() for t in _tensors_of(p[1]))) for k, p in keep)
+        with _LORA_LOCK:
+            hit = _LORA_SETS.get(key)
+            if hit is not None:
+                _LORA_SETS.move_to_end(key)
+                return hit[0]
+        lora = lora_set(patches)
+        ref = None if lora is None else ray.put(lora.validate())
+        with _LORA_LOCK:
+            _LORA_SETS[key] = (ref, keep)  # the tensors stay referenced while cached: their addresses stay theirs
+            while len(_LORA_SETS) > 4:
+                _LORA_SETS.popitem(last=False)
         return ref
 
     def _finish(self, sampling) -> None:

@@ -93,5 +93,5 @@ def sampling_readout(summary: dict) -> None:
                       compute_s=tot.get("compute_s", 0.0), fetch_s=tot.get("a_to_b_s", 0.0) + tot.get("b_to_a_s", 0.0),
                       bytes={"a_to_b": tot.get("bytes_a_to_b", 0), "b_to_a": tot.get("bytes_b_to_a", 0)},
                       steps=tuple(r["compute_s"] for r in summary["records"]), note=note,
-                      info={k: summary[k] for k in ("forwards", "total", "per_forward", "worker", "lora_modules")})
+                      info={k: summary[k] for k in ("forwards", "total", "per_forward", "worker", "lora_modules", "lora_bytes_fetched")})
     report("sampler", node, [rec], "sampling", extra={"status": note})

@@ -63,6 +63,7 @@ class RemoteSampling:
     _contexts: dict = field(default_factory=dict)
     lora_ref: object = None  # the sampling's LoRA patch set (wire.ComfyLoraSet), put once; None: no LoRA
     lora_modules: int = 0  # how many of B's modules it patched (B's answer)
+    lora_bytes_fetched: int = 0  # what B fetched of it for this sampling (0: B had it from an earlier one)
 
     def context_ref(self, key: tuple, make: Callable[[], wire.ForwardContext]):
         """The object reference of the context ``key`` names (``make`` builds it the first time): put once per
@@ -112,6 +113,7 @@ class RemoteSampling:
         got = time.time()
         result.validate(call)
         self.lora_modules = info.get("lora_modules", 0)
+        self.lora_bytes_fetched += info.get("lora_bytes", 0)
         arrived = info["arrived"] - self.clock_offset_s
         ended = info["ended"] - self.clock_offset_s
         self.records.append(ForwardRecord(
@@ -132,7 +134,7 @@ class RemoteSampling:
                for k in ("round_trip_s", "compute_s", "a_to_b_s", "b_to_a_s", "bytes_a_to_b", "bytes_b_to_a")}
         per = {k: round(v / n, 6) for k, v in tot.items()} if n else {}
         return {"sampling_id": self.sampling_id, "worker": self.worker, "forwards": n, "total": tot,
-                "lora_modules": self.lora_modules,
+                "lora_modules": self.lora_modules, "lora_bytes_fetched": self.lora_bytes_fetched,
                 "per_forward": per, "started": self.started, "wall_s": round(time.time() - self.started, 6),
                 "records": [asdict(r) for r in self.records]}
 
