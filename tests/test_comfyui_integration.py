@@ -642,16 +642,21 @@ def _write_core_loras(dit_file: pathlib.Path, folder: pathlib.Path) -> None:
 SLOW_CANVAS = (1024, 1024, 124)
 
 
-def _after_sampler_starts(seconds: float, act):
-    """An ``on_message`` that calls ``act(http)`` once, ``seconds`` after ComfyUI starts executing the sampler."""
+def _act_mid_sampling(comfyui, name: str, act, after_s: float = 1.0) -> tuple:
+    """Queue the remote core graph on :data:`SLOW_CANVAS` (2 steps) and call ``act(http)`` once, ``after_s`` after
+    ComfyUI starts executing the sampler: ``(prompt id, messages, seconds from the act to the prompt's end)``."""
     done: dict = {}
 
     async def hook(http, m):
         if m["type"] == "executing" and m["data"].get("node") == "10" and not done:
-            await asyncio.sleep(seconds)
+            await asyncio.sleep(after_s)
             done["at"] = time.monotonic()
             await act(http)
-    return hook, done
+
+    api = _core_model_prompt(True, name, steps=2, canvas=SLOW_CANVAS)
+    pid, messages, _ = asyncio.run(_run(comfyui, api, on_message=hook))
+    assert done, "the sampler never started"
+    return pid, messages, time.monotonic() - done["at"]
 
 
 def _b_forwards(comfyui) -> dict:
@@ -670,11 +675,7 @@ def test_core_model_interrupt_stops_b_mid_forward_and_next_prompt_runs(comfyui):
         async with http.post(f"{comfyui.base}/interrupt", json={}) as r:
             assert r.status == 200
 
-    hook, sent = _after_sampler_starts(1.0, interrupt)
-    api = _core_model_prompt(True, "core_interrupted", steps=2, canvas=SLOW_CANVAS)
-    pid, messages, entry = asyncio.run(_run(comfyui, api, on_message=hook))
-    assert sent, "the sampler never started"
-    ended = time.monotonic() - sent["at"]
+    pid, messages, ended = _act_mid_sampling(comfyui, "core_interrupted", interrupt)
     (stop,) = _of(messages, "execution_interrupted", pid)
     assert stop["node_id"] == "10", stop
     print(f"core_model interrupt: the prompt ended {ended:.2f} s after the interrupt")
@@ -744,11 +745,7 @@ def test_core_model_b_killed_mid_sampling_is_reported_within_10_s_and_next_promp
         os.kill(w["pid"], signal.SIGKILL)
         killed["pid"] = w["pid"]
 
-    hook, sent = _after_sampler_starts(1.0, kill_b)
-    api = _core_model_prompt(True, "core_b_killed", steps=2, canvas=SLOW_CANVAS)
-    pid, messages, _ = asyncio.run(_run(comfyui, api, on_message=hook))
-    assert killed, "the sampler never started"
-    ended = time.monotonic() - sent["at"]
+    pid, messages, ended = _act_mid_sampling(comfyui, "core_b_killed", kill_b)
     (err,) = _of(messages, "execution_error", pid)
     print(f"core_model B killed: the error came {ended:.2f} s after the kill: {err['exception_message']}")
     assert ended < 10, f"the error took {ended:.1f} s"

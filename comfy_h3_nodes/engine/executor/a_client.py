@@ -222,16 +222,25 @@ class ActorA:
 
 def verify_placement(role: str, actor, where: str, allowed: set, timeout: float) -> None:
     """The actor came up (its models loaded, bounded) on one of the ``allowed`` node IPs; else one sentence with the
-    cause its creation task raised."""
-    try:
-        ip = ray.get(actor.ping.remote(), timeout=timeout)
-    except ray.exceptions.GetTimeoutError as exc:
-        raise H3Timeout(
-            f"the {role} actor did not come up within {timeout:.0f} s on {where} (loading its models); see the Ray "
-            "logs on that machine."
-        ) from exc
-    except ray.exceptions.RayError as exc:
-        raise H3Error(f"the {role} actor failed to start on {where}: {creation_cause(exc)}") from None
+    cause its creation task raised. An actor Ray is restarting (its process was lost a moment ago) is waited for,
+    within the same bound."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ip = ray.get(actor.ping.remote(), timeout=max(deadline - time.monotonic(), 0.1))
+            break
+        except ray.exceptions.ActorUnavailableError:  # restarting: it answers once its process is back
+            if time.monotonic() >= deadline:
+                raise H3Timeout(f"the {role} actor on {where} was still restarting after {timeout:.0f} s; see the "
+                                "Ray logs on that machine.") from None
+            time.sleep(0.5)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise H3Timeout(
+                f"the {role} actor did not come up within {timeout:.0f} s on {where} (loading its models); see the "
+                "Ray logs on that machine."
+            ) from exc
+        except ray.exceptions.RayError as exc:
+            raise H3Error(f"the {role} actor failed to start on {where}: {creation_cause(exc)}") from None
     if ip not in allowed:
         raise H3Error(f"the {role} actor runs on {ip}, expected the {role} node {where}.")
 
