@@ -23,6 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from comfy_h3_nodes.cluster.ray_cluster import ROLE_A, ROLE_B
 from comfy_h3_nodes.engine.contract import wire
+from comfy_h3_nodes.engine.contract.forward_payloads import ForwardCall, ForwardResult
 from comfy_h3_nodes.engine.contract.configs import NAMESPACE
 from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled, ModelFolderError
 from comfy_h3_nodes.engine.contract.timing import StageRecord
@@ -172,9 +173,9 @@ class DiTActorImpl(ResidentActorMixin):
 
     # ------------------------------------------------------------------------------------------------ one forward
     @ray.method(concurrency_group="denoise")
-    def forward(self, refs: list, call: wire.ForwardCall, wait_timeout: float = 60.0):
+    def forward(self, refs: list, call: ForwardCall, wait_timeout: float = 60.0):
         """One forward of a ComfyUI sampler on A (the remote ``MODEL``): ``refs[0]`` is the sampling's
-        :class:`wire.ForwardContext`, fetched once per sampling (bounded) and kept by its object id. Returns
+        :class:`ForwardContext`, fetched once per sampling (bounded) and kept by its object id. Returns
         ``(ForwardResult, info)``: ``info`` has B's clock at arrival and end, the compute seconds and, on the first
         forward of a context, what fetching it took."""
         arrived = time.time()
@@ -224,7 +225,7 @@ class DiTActorImpl(ResidentActorMixin):
         if call.index == 0:
             self.recent.append({"request_id": sid, "workflow": "comfyui sampler", "steps": 0,
                                 "compute_s": round(compute_s, 4), "finished": time.time(), "client": None})
-        return wire.ForwardResult(sid, call.index, wire.WireTensor.from_torch(video),
+        return ForwardResult(sid, call.index, wire.WireTensor.from_torch(video),
                                   wire.WireTensor.from_torch(audio)), info
 
     @ray.method(concurrency_group="control")

@@ -47,7 +47,7 @@ from comfy_h3_nodes.engine.model.vsa_kernels import resolve_vsa_kernel
 from comfy_h3_nodes.engine.process import maybe_profile
 
 from .adapters import AdapterManager, AdapterSchedule, check_no_foreign_tensors
-from .comfy_lora import ComfyLoraHooks
+from .comfy_forward import ComfySamplerForwards
 from .residency import Releasable
 
 
@@ -166,7 +166,7 @@ class DenoiseResult:
         return "; ".join(parts + list(self.notes))
 
 
-class BSide(Releasable):
+class BSide(ComfySamplerForwards, Releasable):
     """The resident DiT. ``denoise`` serves one request at a time.
 
     ``sources`` maps a partition to a ``.safetensors``/``.gguf`` file (or a diffusers folder) that replaces
@@ -227,7 +227,7 @@ class BSide(Releasable):
         self._pipes: dict[str, object] = {}
         self.load_records: list[split.LoadRecord] = []
         self._adapters: dict[str, AdapterManager] = {}
-        self._comfy_lora: dict[str, ComfyLoraHooks] = {}  # ComfyUI's LoRA patches on each partition (forward_rows)
+        self._comfy_lora: dict = {}  # ComfyUI's LoRA patches on each partition (:class:`ComfySamplerForwards`)
         self.path_check = path_check
         loaded = split.load_checked(self.model_dir, SCHEDULERS, dtype, self.device)
         self._host = loaded.host
@@ -462,91 +462,6 @@ class BSide(Releasable):
         if state is not None:
             res.notes.append(state.note())
         return res
-
-    # ------------------------------------------------------------------------------------------------ one forward
-    def forward_rows(self, ctx: dict, call: wire.ForwardCall, should_cancel: Callable[[], bool] | None = None,
-                     request_id: str = "", lora: tuple = (None, None)) -> tuple:
-        """One forward of diffusers' transformer for a sampler on A (ComfyUI's own, through the remote ``MODEL``):
-        ``ctx`` is the materialised :class:`wire.ForwardContext` (torch tensors by field name), ``call`` the
-        forward's target rows and timesteps. The guide and reference rows of the context fill the rows the sampler
-        does not denoise; only the target rows of diffusers' output go back. ``should_cancel`` is asked before
-        every transformer block (ComfyUI's interrupt stops a forward between blocks). ``lora``: ``(key, set)`` of
-        ComfyUI's LoRA patches for this sampling (:mod:`.comfy_lora`; ``(None, None)``: none). Returns ``(video, audio,
-        compute_s, reload_s, lora_modules)``: tensors of the call's shapes and dtypes, and how many modules the LoRA
-        set patches."""
-        with self._lock:
-            reload_s = self.reload_if_released()
-            needed = ctx["partition"]
-            if needed not in self.resident_partitions:
-                reload_s += self._swap_to(needed)
-            elif needed != self.partition:
-                self._activate(needed)
-            self.adapters.activate(())  # a pack request's LoRA does not stay on ComfyUI's sampler
-            model = getattr(self._host, self.partition)
-            hooks = self._comfy_lora.get(self.partition)
-            if hooks is None or hooks.model is not model:  # first use, or the partition was loaded again
-                hooks = self._comfy_lora[self.partition] = ComfyLoraHooks(model, self.sources[self.partition].tensors)
-            lora_modules = hooks.activate(lora[0], lora[1], self.device, model.dtype)
-            video, audio = call.video.to_torch(), call.audio.to_torch()
-            batch = video.shape[0]
-
-            def rows(target, cond, x):
-                out = torch.empty(batch, target.shape[0], x.shape[-1], dtype=torch.float32)
-                out[:, target] = x.float()  # bf16 rows widen exactly
-                out[:, ~target] = cond.float()
-                return out.to(self.device)
-
-            vt, at = ctx["video_target"], ctx["audio_target"]
-            hooks = []
-            if should_cancel is not None:
-                blocks = list(model.transformer_blocks)
-
-                def check(where):
-                    def hook(_module, *_args):
-                        if should_cancel():
-                            raise DenoiseCancelled(
-                                f"sampling {request_id} was interrupted in forward {call.index + 1} on B, {where}")
-                    return hook
-                n = len(blocks)
-                hooks = [b.register_forward_pre_hook(check(f"before transformer block {i + 1} of {n}"))
-                         for i, b in enumerate(blocks)]
-                hooks.append(blocks[-1].register_forward_hook(check(f"after transformer block {n} of {n}")))
-            cuda = self.device.startswith("cuda")
-            t0 = time.perf_counter()
-            try:
-                with torch.inference_mode():
-                    out = model(hidden_states=rows(vt, ctx["cond_video"], video),
-                                audio_hidden_states=rows(at, ctx["cond_audio"], audio),
-                                encoder_hidden_states=ctx["text"].to(self.device),
-                                timestep=call.timestep.to_torch().to(self.device),
-                                timestep_indices=call.timestep_indices.to_torch().long().to(self.device),
-                                token_tags=ctx["token_tags"].to(self.device),
-                                position_ids=ctx["position_ids"].to(self.device),
-                                video_indices=ctx["video_indices"].to(self.device),
-                                audio_indices=ctx["audio_indices"].to(self.device),
-                                text_indices=ctx["text_indices"].to(self.device))
-                    v = out.sample[:, vt.to(self.device)].to(video.dtype).cpu()
-                    a = out.audio_sample[:, at.to(self.device)].to(audio.dtype).cpu()
-                if cuda:
-                    torch.cuda.synchronize()
-            finally:
-                for h in hooks:
-                    h.remove()
-            return v, a, time.perf_counter() - t0, reload_s, lora_modules
-
-    def transformer_file(self, partition: str = "transformer") -> dict:
-        """The file of the partition ComfyUI's samplers run: its path, tensor names with shape and dtype as stored,
-        and its metadata, so that A's ComfyUI detects the model from the file as it would for a local copy. A
-        diffusers folder has no such file and is refused in one sentence."""
-        src = self.sources.get(partition)
-        if src is None or src.kind != "single_file":
-            where = "none" if src is None else f"a {src.kind} ({src.path})"
-            raise formats.FormatError(
-                f"ComfyUI's own samplers need B's {partition} as one Comfy-Org .safetensors file, and B serves "
-                f"{where}: pick a minimax_h3_*.safetensors file (B's picker lists them).")
-        return {"path": str(src.path), "metadata": dict(src.metadata or {}),
-                "tensors": {k: [list(t.shape), t.dtype] for k, t in src.tensors.items()},
-                "dtype": self.dtype, "runs": memory_plan.runs_as(src, self.precision, self.dtype)}
 
     def _previewer(self, call: wire.DenoiseCall) -> preview.Previewer | None:
         """Previews when A asked for them, made by one rank only (rank 0 of a DiT group: the one A follows); factors

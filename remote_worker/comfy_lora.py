@@ -1,6 +1,6 @@
 """LoRA patches of ComfyUI's own model (``LoraLoaderModelOnly`` on the pack's remote ``MODEL``) applied on B.
 
-A sends each patch in ComfyUI's names (:class:`~comfy_h3_nodes.engine.contract.wire.ComfyLora`: the layer of
+A sends each patch in ComfyUI's names (:class:`~comfy_h3_nodes.engine.contract.ComfyLora`: the layer of
 Comfy-Org's file, up, down, ``strength * alpha / rank``). B maps ComfyUI's layer to diffusers' modules the way its
 loader maps the file (:func:`comfy_h3_nodes.engine.model.comfy_dit.comfy_to_diffusers`: a stacked ``qkv_proj`` is
 diffusers' ``to_q``/``to_k``/``to_v``, so the rows of ``up`` are cut the same way; ``mlp.fc1``'s halves swap) and adds
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from comfy_h3_nodes.engine.contract import wire
+from comfy_h3_nodes.engine.contract.forward_payloads import ComfyLoraSet
 from comfy_h3_nodes.engine.model import comfy_dit
 
 
@@ -29,7 +29,7 @@ class ComfyLoraHooks:
         self.active_key = None
         self._handles: list = []
 
-    def activate(self, key, lora_set: wire.ComfyLoraSet | None, device, dtype) -> int:
+    def activate(self, key, lora_set: ComfyLoraSet | None, device, dtype) -> int:
         """Apply ``lora_set`` (None: none) under ``key``; returns the number of modules patched."""
         if key == self.active_key:
             return len(self._handles)

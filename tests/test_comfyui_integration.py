@@ -542,7 +542,7 @@ NATIVE_REF_DIT = "minimax_h3_ref2va_pruned_bf16.safetensors"
 
 def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler: str = "euler",
                        cfg: float = 1.0, ksampler: bool = False, steps: int = 3, canvas: tuple = (64, 64, 22),
-                       patch: bool = False, loras: tuple = ()) -> dict:
+                       patch: bool = False, loras: tuple = (), shift: tuple | None = None) -> dict:
     """ComfyUI's own H3 graph (:func:`_native_h3_prompt`) with its sampler's latent kept (``H3TestSaveLatent``).
     ``workflow``: t2va (MiniMaxH3ImageToVideo, no image), i2va (its ``first_frame`` from core's EmptyImage), r2va
     (MiniMaxH3ReferenceToVideo with one reference image, on the ref2va file); ``cfg`` > 1: CFGGuider with a second
@@ -550,7 +550,8 @@ def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler:
     UNETLoader swapped for the pack's H3RemoteModel on the same file, fp32 on B. ``canvas``: (width, height,
     frames); ``patch``: core's PerturbedAttentionGuidance between the model and the sampler (it replaces the
     model's self-attention in a second forward per step: a patch of the model's inside); ``loras``: (file,
-    strength) pairs, each through core's LoraLoaderModelOnly, stacked in order."""
+    strength) pairs, each through core's LoraLoaderModelOnly, stacked in order; ``shift``: (video, audio) through
+    core's MiniMaxH3SigmaShift (its model_sampling and its transformer_options entries)."""
     api = _native_h3_prompt(steps=steps, sampler=sampler, width=canvas[0], height=canvas[1], length=canvas[2])
     dit = NATIVE_REF_DIT if workflow == "r2va" else NATIVE_DIT
     api["4"]["inputs"]["unet_name"] = dit
@@ -581,14 +582,18 @@ def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler:
             "model": ["4", 0], "seed": 1, "steps": steps, "cfg": cfg, "sampler_name": sampler, "scheduler": "simple",
             "positive": ["5", 0], "negative": negative, "latent_image": ["5", 1], "denoise": 1.0}}
     source = ["4", 0]
+    if shift is not None:
+        api["29"] = {"class_type": "MiniMaxH3SigmaShift", "inputs": {"model": source, "shift_video": shift[0],
+                                                                     "shift_audio": shift[1]}}
+        source = ["29", 0]
     for i, (lora, strength) in enumerate(loras):
         api[f"3{i}"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": source, "lora_name": lora,
                                                                        "strength_model": strength}}
         source = [f"3{i}", 0]
-    if loras:
+    if source != ["4", 0]:
         for nid, node in api.items():
             for k, v in node["inputs"].items():
-                if v == ["4", 0] and not nid.startswith("3"):
+                if v == ["4", 0] and not nid.startswith(("3", "29")):
                     node["inputs"][k] = source
     if patch:
         api["22"] = {"class_type": "PerturbedAttentionGuidance", "inputs": {"model": ["4", 0], "scale": 3.0}}
@@ -774,6 +779,7 @@ def _latents(comfyui, name: str) -> dict:
 #: (workflow, sampler, cfg, KSampler, LoRAs): ComfyUI's own graphs the remote MODEL must sample as core's
 #: UNETLoader does
 CORE_MODEL_CASES = {"t2va-euler": ("t2va", "euler", 1.0, False, ()),
+                    "t2va-sigma-shift": ("t2va", "euler", 1.0, False, (), (6.0, 2.0)),
                     "i2va-res_multistep-cfg2-ksampler": ("i2va", "res_multistep", 2.0, True, ()),
                     "r2va-euler": ("r2va", "euler", 1.0, False, ()),
                     "t2va-lora": ("t2va", "euler", 1.0, False, ((CORE_LORAS[0], 0.8),)),
@@ -789,8 +795,9 @@ def test_core_model_graph_matches_core_unetloader_with_the_dit_on_b(comfyui, cas
     (video and audio streams) agree within CORE_MODEL_TOLERANCE; the sampler node (the executing one) gets the
     readout, with one forward per step (two with CFG, as ComfyUI runs H3's cond and uncond apart); the video is
     written."""
-    workflow, sampler, cfg, ksampler, loras = CORE_MODEL_CASES[case]
-    kw = dict(workflow=workflow, sampler=sampler, cfg=cfg, ksampler=ksampler, loras=loras)
+    workflow, sampler, cfg, ksampler, loras, *shift = CORE_MODEL_CASES[case]
+    kw = dict(workflow=workflow, sampler=sampler, cfg=cfg, ksampler=ksampler, loras=loras,
+              shift=shift[0] if shift else None)
     local_pid, local_messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, f"core_local_{case}", **kw)))
     _ok(local_messages, local_pid)
     pid, messages, entry = asyncio.run(_run(comfyui, _core_model_prompt(True, f"core_remote_{case}", **kw)))

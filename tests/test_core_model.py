@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from comfy_h3_nodes.engine.contract import wire
+from comfy_h3_nodes.engine.contract.forward_payloads import (ComfyLora, ComfyLoraSet, ForwardCall, ForwardContext,
+                                                            ForwardResult)
 from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
 from comfy_h3_nodes.engine.model.tiny_comfy import fixture
 from remote_worker.b_side import BSide
@@ -27,7 +29,7 @@ def b_side(tiny_ckpt):
     return BSide(tiny_ckpt, dtype="float32", residency="one", sources=files)
 
 
-def _context(b, batch: int = 1, sampling_id: str = "s-test") -> wire.ForwardContext:
+def _context(b, batch: int = 1, sampling_id: str = "s-test") -> ForwardContext:
     g = torch.Generator().manual_seed(3)
     model = b._host.transformer
     text_dim, vdim, adim = model.config.text_dim, 24 * 4, 32
@@ -35,19 +37,19 @@ def _context(b, batch: int = 1, sampling_id: str = "s-test") -> wire.ForwardCont
     tags = torch.tensor([1] * NT + [0] * (NC + NV) + [2] * NA)
     pos = torch.randn(seq, 3, generator=g)
     target = torch.tensor([False] * NC + [True] * NV)
-    return wire.ForwardContext(sampling_id, W(torch.randn(batch, NT, text_dim, generator=g)), W(tags), W(pos),
+    return ForwardContext(sampling_id, W(torch.randn(batch, NT, text_dim, generator=g)), W(tags), W(pos),
                                W(torch.arange(NT, NT + NC + NV)), W(torch.arange(NT + NC + NV, seq)),
                                W(torch.arange(NT)), W(target), W(torch.ones(NA, dtype=torch.bool)),
                                W(torch.randn(NC, vdim, generator=g)), W(torch.zeros(0, adim)))
 
 
-def _call(ctx: wire.ForwardContext, index: int = 0, batch: int = 1) -> wire.ForwardCall:
+def _call(ctx: ForwardContext, index: int = 0, batch: int = 1) -> ForwardCall:
     g = torch.Generator().manual_seed(4 + index)
     seq = ctx.seq_len
     t_idx = torch.zeros(seq, dtype=torch.uint8)
     t_idx[NT:NT + NC] = 2  # the guide rows at their own (pinned) level
     t_idx[NT + NC + NV:] = 1
-    return wire.ForwardCall(ctx.sampling_id, index, W(torch.randn(batch, NV, 96, generator=g)),
+    return ForwardCall(ctx.sampling_id, index, W(torch.randn(batch, NV, 96, generator=g)),
                             W(torch.randn(batch, NA, 32, generator=g)), W(torch.tensor([0.4, 0.55, 0.999])),
                             W(t_idx))
 
@@ -80,7 +82,7 @@ def test_forward_rows_is_diffusers_forward_with_the_guide_rows_in_place(b_side):
     assert video.shape == (1, NV, 96) and audio.shape == (1, NA, 32) and lora_modules == 0
     assert torch.equal(video, ref_v) and torch.equal(audio, ref_a)
     assert compute_s > 0
-    wire.ForwardResult(ctx.sampling_id, 0, W(video), W(audio)).validate(call)
+    ForwardResult(ctx.sampling_id, 0, W(video), W(audio)).validate(call)
 
 
 def test_forward_rows_answers_in_the_calls_dtype(b_side):
@@ -110,7 +112,7 @@ def test_an_interrupt_stops_the_forward_between_blocks(b_side):
     assert torch.equal(video, _direct(b_side, ctx, _call(ctx))[0])
 
 
-def _lora(b, strength: float, rank: int = 2, seed: int = 5) -> wire.ComfyLoraSet:
+def _lora(b, strength: float, rank: int = 2, seed: int = 5) -> ComfyLoraSet:
     """ComfyUI-named LoRA patches of block 0's qkv_proj (stacked: B cuts its rows as its loader does) and fc1
     (stored [gate; up], diffusers' [up; gate])."""
     g = torch.Generator().manual_seed(seed)
@@ -118,9 +120,9 @@ def _lora(b, strength: float, rank: int = 2, seed: int = 5) -> wire.ComfyLoraSet
     out = []
     for key in ("blocks.0.attn.qkv_proj.weight", "blocks.0.mlp.fc1.weight"):
         o, i = shapes[key]
-        out.append(wire.ComfyLora(key, strength / rank, W(torch.randn(o, rank, generator=g)),
+        out.append(ComfyLora(key, strength / rank, W(torch.randn(o, rank, generator=g)),
                                   W(torch.randn(rank, i, generator=g))))
-    return wire.ComfyLoraSet(tuple(out)).validate()
+    return ComfyLoraSet(tuple(out)).validate()
 
 
 def test_comfy_lora_on_b_is_the_lora_merged_into_the_weights(b_side):
@@ -156,14 +158,14 @@ def test_comfy_lora_on_b_is_the_lora_merged_into_the_weights(b_side):
     assert torch.allclose(hooked, merged, atol=1e-5, rtol=1e-5), (hooked - merged).abs().max()
     again, *_ = b_side.forward_rows(_tensors(ctx), call)  # removed: the resident weights are as they were
     assert torch.equal(again, plain)
-    both = wire.ComfyLoraSet(lora.patches + _lora(b_side, -0.4, seed=6).patches)
+    both = ComfyLoraSet(lora.patches + _lora(b_side, -0.4, seed=6).patches)
     stacked, *_ = b_side.forward_rows(_tensors(ctx), call, lora=("set-2", both))
     assert (stacked - hooked).abs().max() > 1e-4
 
 
 def test_a_lora_for_a_layer_b_lacks_is_refused_by_name(b_side):
     ctx = _context(b_side)
-    bad = wire.ComfyLoraSet((wire.ComfyLora("blocks.99.attn.qkv_proj.weight", 1.0, W(torch.ones(3, 1)),
+    bad = ComfyLoraSet((ComfyLora("blocks.99.attn.qkv_proj.weight", 1.0, W(torch.ones(3, 1)),
                                             W(torch.ones(1, 2))),))
     with pytest.raises(ValueError, match=r"blocks\.99\.attn\.qkv_proj\.weight, which B's transformer does not have"):
         b_side.forward_rows(_tensors(ctx), _call(ctx), lora=("set-bad", bad))

@@ -39,6 +39,7 @@ import ray
 import torch
 
 from ..engine.contract import wire
+from ..engine.contract.forward_payloads import ComfyLora, ComfyLoraSet, ForwardContext
 from ..engine.contract.errors import H3Cancelled
 from ..engine.executor import remote_forward
 from ..engine.model import comfy_keys
@@ -239,7 +240,7 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
 
         def make():
             W = wire.WireTensor.from_torch
-            return wire.ForwardContext(sampling.sampling_id, W(text), W(tags), W(pos), W(indices["video"]),
+            return ForwardContext(sampling.sampling_id, W(text), W(tags), W(pos), W(indices["video"]),
                                        W(indices["audio"]), W(indices["text"]), W(video_target), W(audio_target),
                                        W(cond_video), W(cond_audio), partition=self.partition)
 
@@ -264,7 +265,7 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
         return [-video_out.to(device=dev, dtype=video_x.dtype), -audio_out.to(device=dev, dtype=audio_x.dtype)]
 
 
-def lora_set(patches: dict) -> wire.ComfyLoraSet | None:
+def lora_set(patches: dict) -> ComfyLoraSet | None:
     """ComfyUI's weight patches of the model (``ModelPatcher.patches``: what its LoRA loaders add) as B applies
     them: LoRA up/down pairs with ComfyUI's factor (``strength * alpha / rank``); strength 0 adds nothing. Any other
     kind of patch (LoHa, LoKr, a full diff, DoRA, a function or an offset) is refused in one sentence: B would
@@ -290,9 +291,9 @@ def lora_set(patches: dict) -> wire.ComfyLoraSet | None:
             if strength == 0:
                 continue
             factor = float(strength) * (float(alpha) / down.shape[0] if alpha is not None else 1.0)
-            out.append(wire.ComfyLora(name, factor, wire.WireTensor.from_torch(up.flatten(1)),
+            out.append(ComfyLora(name, factor, wire.WireTensor.from_torch(up.flatten(1)),
                                       wire.WireTensor.from_torch(down.flatten(1))))
-    return wire.ComfyLoraSet(tuple(out)) if out else None
+    return ComfyLoraSet(tuple(out)) if out else None
 
 
 def _sampling_wrapper(model: RemoteH3Model):

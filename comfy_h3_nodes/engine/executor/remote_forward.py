@@ -1,7 +1,7 @@
 """A's client of B's per-forward calls: ComfyUI's own sampler on A, the DiT's forwards on B.
 
 A sampler calls the model once or twice a step (CFG). Per sampling run A opens one :class:`RemoteSampling` on one
-DiT worker; per conditioning it puts one :class:`~..contract.wire.ForwardContext` in its object store (text states,
+DiT worker; per conditioning it puts one :class:`~..contract.ForwardContext` in its object store (text states,
 the packed layout, the guide and reference rows) and sends that object's reference with every forward, so B fetches
 it once and keeps it by id; per forward only the target rows cross A->B, and their model output B->A.
 
@@ -28,6 +28,7 @@ import ray
 import torch
 
 from ..contract import wire
+from ..contract.forward_payloads import ForwardCall, ForwardContext
 from ..contract.errors import H3Cancelled, H3Error, H3Timeout
 from .failures import remote_error
 
@@ -61,11 +62,11 @@ class RemoteSampling:
     records: list[ForwardRecord] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     _contexts: dict = field(default_factory=dict)
-    lora_ref: object = None  # the sampling's LoRA patch set (wire.ComfyLoraSet), put once; None: no LoRA
+    lora_ref: object = None  # the sampling's LoRA patch set (ComfyLoraSet), put once; None: no LoRA
     lora_modules: int = 0  # how many of B's modules it patched (B's answer)
     lora_bytes_fetched: int = 0  # what B fetched of it for this sampling (0: B had it from an earlier one)
 
-    def context_ref(self, key: tuple, make: Callable[[], wire.ForwardContext]):
+    def context_ref(self, key: tuple, make: Callable[[], ForwardContext]):
         """The object reference of the context ``key`` names (``make`` builds it the first time): put once per
         sampling and conditioning, so B fetches it once."""
         ref = self._contexts.get(key)
@@ -81,7 +82,7 @@ class RemoteSampling:
         """One forward: ``video`` / ``audio`` the target rows (float32 torch), ``timestep`` the distinct values,
         ``timestep_indices`` per row of the sequence. Returns B's ``(video, audio)`` output rows (torch)."""
         index = len(self.records)
-        call = wire.ForwardCall(self.sampling_id, index, wire.WireTensor.from_torch(video),
+        call = ForwardCall(self.sampling_id, index, wire.WireTensor.from_torch(video),
                                 wire.WireTensor.from_torch(audio), wire.WireTensor.from_torch(timestep),
                                 wire.WireTensor.from_torch(timestep_indices))
         sent = time.time()

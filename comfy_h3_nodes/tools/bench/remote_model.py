@@ -6,11 +6,11 @@ A is this driver (the embedded cluster's A node), B the real DiT actor (:class:`
 around a stand-in side (:class:`.substitutes.NullForwardSide`) that echoes the target rows at once. A's client is the
 real :class:`~...engine.executor.remote_forward.RemoteSampling`. Payloads at real shapes, CFG batch 2:
 
-* per forward A->B (:class:`wire.ForwardCall`): video rows ``latent_frames x (h/16/2) x (w/16/2)`` of 24 x (1x2x2) =
+* per forward A->B (:class:`ForwardCall`): video rows ``latent_frames x (h/16/2) x (w/16/2)`` of 24 x (1x2x2) =
   96, audio rows ``2 x audio_latent_frames`` of 32, both batch 2, in bf16 (the dtype ComfyUI's sampler hands the
   released model, which computes in bf16: the rows cross in it); 2 timestep values and one uint8
-  index per sequence row; B->A (:class:`wire.ForwardResult`) the same video and audio rows;
-* once per sampling (:class:`wire.ForwardContext`, reported apart as ``context_s``): 512 text rows of 5120 (bf16,
+  index per sequence row; B->A (:class:`ForwardResult`) the same video and audio rows;
+* once per sampling (:class:`ForwardContext`, reported apart as ``context_s``): 512 text rows of 5120 (bf16,
   batch 2), the packed layout (text + video + audio rows), every video/audio row a target (no guide rows).
 
 With CFG batch 2 one sampler step is one forward, so the share of a step is ``round_trip_s / 31.4`` (vLLM-Omni's
@@ -27,6 +27,7 @@ import ray
 import torch
 
 from ...engine.contract import wire
+from ...engine.contract.forward_payloads import TOKEN_AUDIO, TOKEN_TEXT, TOKEN_VIDEO, ForwardContext
 from ...engine.executor.health import measure_clock
 from ...engine.executor.remote_forward import RemoteSampling
 from .preview import PUBLIC_STEP_S  # 31.4 s per step, vLLM-Omni on two GB10s (shared/design.md section 8)
@@ -72,14 +73,14 @@ def build(sampling_id: str, n: dict, seed: int = 0) -> tuple:
     g = torch.Generator().manual_seed(seed)
     s, nt, nv, na = n["seq"], n["text"], n["video"], n["audio"]
     text = torch.randn((CFG_BATCH, nt, TEXT_DIM), generator=g).to(torch.bfloat16)
-    tags = torch.cat([torch.full((nt,), wire.TOKEN_TEXT), torch.full((nv,), wire.TOKEN_VIDEO),
-                      torch.full((na,), wire.TOKEN_AUDIO)]).long()
+    tags = torch.cat([torch.full((nt,), TOKEN_TEXT), torch.full((nv,), TOKEN_VIDEO),
+                      torch.full((na,), TOKEN_AUDIO)]).long()
     pos = torch.zeros((s, 3), dtype=torch.float32)
     pos[:, 0] = torch.arange(s, dtype=torch.float32)
 
     def make():
         W = wire.WireTensor.from_torch
-        return wire.ForwardContext(sampling_id, W(text), W(tags), W(pos), W(torch.arange(nt, nt + nv)),
+        return ForwardContext(sampling_id, W(text), W(tags), W(pos), W(torch.arange(nt, nt + nv)),
                                    W(torch.arange(nt + nv, s)), W(torch.arange(nt)),
                                    W(torch.ones(nv, dtype=torch.bool)), W(torch.ones(na, dtype=torch.bool)),
                                    W(torch.zeros(0, VIDEO_DIM)), W(torch.zeros(0, AUDIO_DIM)))

@@ -128,11 +128,12 @@ class NullForwardSide:
     def resident(self) -> dict:
         return {"transformer": "stand-in (no model: echoes the target rows)"}
 
-    def forward_rows(self, ctx: dict, call, should_cancel=None, request_id: str = "") -> tuple:
+    def forward_rows(self, ctx: dict, call, should_cancel=None, request_id: str = "", lora=(None, None)) -> tuple:
+        """B's ``forward_rows`` (:class:`remote_worker.comfy_forward.ComfySamplerForwards`) with nothing computed."""
         t0 = time.perf_counter()
         video, audio = call.video.to_torch(), call.audio.to_torch()
         self.forwards += 1
-        return video, audio, time.perf_counter() - t0, 0.0
+        return video, audio, time.perf_counter() - t0, 0.0, 0
 
 
 class NullForwardDiTActor(DiTActorImpl):
