@@ -259,9 +259,13 @@ def release_b(spec: str | None = None, namespace: str | None = None, timeout: fl
                               "`python -m remote_worker release` on B.")
     specs = [(spec, namespace or NAMESPACE)] if spec else _worker_specs()
     out = {"released": [], "missing": {}}
-    for name, ns in specs:
+    seen: set = set()
+    for name, ns in specs:  # two specs may match one worker (h3_dit and h3_dit*): it is released, and listed, once
         got = pool.release(name, ns, timeout, cause="a release on request (Release B's model)")
-        out["released"].extend(got["released"])
+        for r in got["released"]:
+            if (ns, r["name"]) not in seen:
+                seen.add((ns, r["name"]))
+                out["released"].append(r)
         out["missing"].update(got["missing"])
     return out
 
