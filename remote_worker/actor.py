@@ -185,7 +185,9 @@ class DiTActorImpl(ResidentActorMixin):
         if entry is None:
             ctx, wait_s, fetch_s = receive(refs[0], wait_timeout, self.machine, "sampling context", call.sampling_id)
             ctx.validate(text_dim=self.side.text_dim)
-            entry = (ctx, {**{name: t.to_torch() for name, t in ctx.tensors().items()}, "partition": ctx.partition})
+            device = self.side.device  # on B's device once, not per forward
+            entry = (ctx, {**{name: t.to_torch().to(device) for name, t in ctx.tensors().items()},
+                           "partition": ctx.partition})
             self._contexts[key] = entry
             while len(self._contexts) > 4:  # a few samplings in turn (CFG's two conds ride in one context)
                 self._contexts.popitem(last=False)

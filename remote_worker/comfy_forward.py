@@ -46,12 +46,12 @@ class ComfySamplerForwards:
             batch = video.shape[0]
 
             def rows(target, cond, x):
-                out = torch.empty(batch, target.shape[0], x.shape[-1], dtype=torch.float32)
-                out[:, target] = x.float()  # bf16 rows widen exactly
-                out[:, ~target] = cond.float()
-                return out.to(self.device)
+                out = torch.empty(batch, target.shape[0], x.shape[-1], dtype=torch.float32, device=self.device)
+                out[:, target] = x.to(self.device, torch.float32)  # bf16 rows widen exactly
+                out[:, ~target] = cond.to(self.device, torch.float32)
+                return out
 
-            vt, at = ctx["video_target"], ctx["audio_target"]
+            vt, at = ctx["video_target"].to(self.device), ctx["audio_target"].to(self.device)
             hooks = []
             if should_cancel is not None:
                 blocks = list(model.transformer_blocks)
@@ -80,8 +80,8 @@ class ComfySamplerForwards:
                                 video_indices=ctx["video_indices"].to(self.device),
                                 audio_indices=ctx["audio_indices"].to(self.device),
                                 text_indices=ctx["text_indices"].to(self.device))
-                    v = out.sample[:, vt.to(self.device)].to(video.dtype).cpu()
-                    a = out.audio_sample[:, at.to(self.device)].to(audio.dtype).cpu()
+                    v = out.sample[:, vt].to(video.dtype).cpu()
+                    a = out.audio_sample[:, at].to(audio.dtype).cpu()
                 if cuda:
                     torch.cuda.synchronize()
             finally:

@@ -208,45 +208,21 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
         unique_t = sorted(levels)
         t_row = {t: i for i, t in enumerate(unique_t)}
 
-        # the packed sequence in diffusers' terms: per row its modality tag and its level's index
-        seq = layout.seq_len
-        tags = torch.empty(seq, dtype=torch.long)
-        t_idx = torch.empty(seq, dtype=torch.long)
-        kinds = {"video": [], "audio": [], "text": []}
-        text_tags = payload.get("text_token_tags")
+        # per row of the packed sequence the index of its level: the only part of the layout that changes per step
+        t_idx = torch.empty(layout.seq_len, dtype=torch.long)
         for a, b, kind in layout.segments:
-            modality = "text" if kind == "text" else "video" if kind in ("cond", "ref_img", "video") else "audio"
-            kinds[modality].append(torch.arange(a, b))
-            if kind == "text":
-                tags[a:b] = text_tags.reshape(-1).long().cpu() if text_tags is not None else 1
-            else:
-                tags[a:b] = 0 if modality == "video" else 2
             r = rows_t.get(kind)
             if r is not None:
                 t_idx[a:b] = torch.tensor([t_row[v] for v in r.tolist()], dtype=torch.long)
             else:
                 t_idx[a:b] = t_row[seg_t[kind]]
-        video_target = layout.img_update.cpu().bool()
-        audio_target = layout.audio_update.cpu().bool()
 
+        # the sampling context: built (tags, indices, the guide rows with their noise) once per payload and text;
+        # the payload is ComfyUI's one dict per sampling and conditioning, kept alive by the cache with its id
         text = context.detach().cpu()
-        cond_video = self._cond_video_rows(payload, "cpu")
-        cond_audio = self._cond_audio_rows(payload, "cpu")
-        vdim = self.latents_dim * self.patch_size[0] * self.patch_size[1] * self.patch_size[2]
-        cond_video = torch.zeros(0, vdim) if cond_video is None else cond_video.float().cpu()
-        cond_audio = torch.zeros(0, self.audio_latents_dim) if cond_audio is None else cond_audio.float().cpu()
-        indices = {m: (torch.cat(v) if v else torch.zeros(0, dtype=torch.long)) for m, v in kinds.items()}
-        pos = layout.position_ids.to(torch.float32).cpu()
-
-        def make():
-            W = wire.WireTensor.from_torch
-            return ForwardContext(sampling.sampling_id, W(text), W(tags), W(pos), W(indices["video"]),
-                                       W(indices["audio"]), W(indices["text"]), W(video_target), W(audio_target),
-                                       W(cond_video), W(cond_audio), partition=self.partition)
-
-        key = (self.partition,
-               remote_forward.fingerprint(text, tags, pos, video_target, audio_target, cond_video, cond_audio))
-        ref = sampling.context_ref(key, make)
+        key = (self.partition, id(payload), layout.signature, remote_forward.fingerprint(text))
+        ref = sampling.context_ref(key, lambda: self._context(sampling.sampling_id, layout, payload, text),
+                                   keep=payload)
 
         # the rows in the sampler's own dtype (a permutation of its latent: nothing rounds), fp32 on B's side
         video_rows = c_dit.patchify_video(video_x.detach().cpu(), self.patch_size)
@@ -263,6 +239,31 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
         audio_out = torch.cat([c_dit.unpack_audio(a[i]) for i in range(batch)])
         dev = video_x.device
         return [-video_out.to(device=dev, dtype=video_x.dtype), -audio_out.to(device=dev, dtype=audio_x.dtype)]
+
+    def _context(self, sampling_id: str, layout, payload: dict, text) -> ForwardContext:
+        """The packed sequence in diffusers' terms (per row its modality tag; the positions of the video, audio and
+        text rows), which rows the sampler denoises, and the guide and reference rows ComfyUI's model would embed."""
+        tags = torch.empty(layout.seq_len, dtype=torch.long)
+        kinds = {"video": [], "audio": [], "text": []}
+        text_tags = payload.get("text_token_tags")
+        for a, b, kind in layout.segments:
+            modality = "text" if kind == "text" else "video" if kind in ("cond", "ref_img", "video") else "audio"
+            kinds[modality].append(torch.arange(a, b))
+            if kind == "text":
+                tags[a:b] = text_tags.reshape(-1).long().cpu() if text_tags is not None else 1
+            else:
+                tags[a:b] = 0 if modality == "video" else 2
+        cond_video = self._cond_video_rows(payload, "cpu")
+        cond_audio = self._cond_audio_rows(payload, "cpu")
+        vdim = self.latents_dim * self.patch_size[0] * self.patch_size[1] * self.patch_size[2]
+        cond_video = torch.zeros(0, vdim) if cond_video is None else cond_video.float().cpu()
+        cond_audio = torch.zeros(0, self.audio_latents_dim) if cond_audio is None else cond_audio.float().cpu()
+        indices = {m: (torch.cat(v) if v else torch.zeros(0, dtype=torch.long)) for m, v in kinds.items()}
+        W = wire.WireTensor.from_torch
+        return ForwardContext(sampling_id, W(text), W(tags), W(layout.position_ids.to(torch.float32).cpu()),
+                              W(indices["video"]), W(indices["audio"]), W(indices["text"]),
+                              W(layout.img_update.cpu().bool()), W(layout.audio_update.cpu().bool()),
+                              W(cond_video), W(cond_audio), partition=self.partition)
 
 
 def lora_set(patches: dict) -> ComfyLoraSet | None:

@@ -66,16 +66,16 @@ class RemoteSampling:
     lora_modules: int = 0  # how many of B's modules it patched (B's answer)
     lora_bytes_fetched: int = 0  # what B fetched of it for this sampling (0: B had it from an earlier one)
 
-    def context_ref(self, key: tuple, make: Callable[[], ForwardContext]):
+    def context_ref(self, key: tuple, make: Callable[[], ForwardContext], keep=None):
         """The object reference of the context ``key`` names (``make`` builds it the first time): put once per
-        sampling and conditioning, so B fetches it once."""
-        ref = self._contexts.get(key)
-        if ref is None:
+        sampling and conditioning, so B fetches it once. ``keep`` (what an ``id`` in the key names) stays referenced
+        with it, so that id names nothing else while the sampling runs."""
+        hit = self._contexts.get(key)
+        if hit is None:
             ctx = make()
             ctx.validate()
-            ref = ray.put(ctx)
-            self._contexts[key] = ref
-        return ref
+            hit = self._contexts[key] = (ray.put(ctx), keep)
+        return hit[0]
 
     def forward(self, ctx_ref, video, audio, timestep, timestep_indices,
                 interrupted: Callable[[], bool] = lambda: False) -> tuple:
@@ -83,8 +83,8 @@ class RemoteSampling:
         ``timestep_indices`` per row of the sequence. Returns B's ``(video, audio)`` output rows (torch)."""
         index = len(self.records)
         call = ForwardCall(self.sampling_id, index, wire.WireTensor.from_torch(video),
-                                wire.WireTensor.from_torch(audio), wire.WireTensor.from_torch(timestep),
-                                wire.WireTensor.from_torch(timestep_indices))
+                           wire.WireTensor.from_torch(audio), wire.WireTensor.from_torch(timestep),
+                           wire.WireTensor.from_torch(timestep_indices))
         sent = time.time()
         refs = [ctx_ref] if self.lora_ref is None else [ctx_ref, self.lora_ref]
         ref = self.handle.forward.options(num_returns=2).remote(refs, call)
@@ -150,5 +150,6 @@ def fingerprint(*tensors) -> str:
             continue
         t = t.detach().cpu().contiguous()
         h.update(str((tuple(t.shape), str(t.dtype))).encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # the tensor's own bytes, not a copy
     return h.hexdigest()
