@@ -481,14 +481,10 @@ class BSide(ComfySamplerForwards, Releasable):
         agree on stopping each step, and parallelise the partition for this request (a no-op context otherwise)."""
         if call.parallel is None:
             return contextlib.nullcontext()
-        spec, group = call.parallel, parallel.current()
-        if group is None or group.group_id != spec.group_id or group.rank != spec.rank or group.world != spec.world:
-            have = f"group {group.group_id} rank {group.rank} of {group.world}" if group else "no group"
-            raise parallel.ParallelError(f"this DiT worker is in {have}, and request {call.request_id} is for group "
-                                         f"{spec.group_id} rank {spec.rank} of {spec.world}: form the group again.")
+        group = parallel.member(call.parallel, f"request {call.request_id}")
         parallel.barrier(group, ready_timeout)
         monitor.agree = lambda stop: parallel.agree_stop(stop, group)
-        return parallel.applied(getattr(self._host, self.partition), group, spec.method, clock)
+        return parallel.applied(getattr(self._host, self.partition), group, call.parallel.method, clock)
 
     # ------------------------------------------------------------------------------------------------ FastH3
     def trained_schedule(self, partition: str) -> fasth3.VSASettings | None:

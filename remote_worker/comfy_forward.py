@@ -4,6 +4,7 @@ resident partitions, their sources, the lock, the release/reload and the swap.""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable
 
@@ -11,7 +12,7 @@ import torch
 
 from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled
 from comfy_h3_nodes.engine.contract.forward_payloads import ForwardCall
-from comfy_h3_nodes.engine.model import formats, memory_plan
+from comfy_h3_nodes.engine.model import formats, memory_plan, parallel
 
 from .comfy_lora import ComfyLoraHooks
 
@@ -20,7 +21,7 @@ class ComfySamplerForwards:
     """``forward_rows`` and ``transformer_file`` of :class:`.b_side.BSide`."""
 
     def forward_rows(self, ctx: dict, call: ForwardCall, should_cancel: Callable[[], bool] | None = None,
-                     request_id: str = "", lora: tuple = (None, None)) -> tuple:
+                     request_id: str = "", lora: tuple = (None, None), ready_timeout: float = 600.0) -> tuple:
         """One forward of diffusers' transformer for a sampler on A (ComfyUI's own, through the remote ``MODEL``):
         ``ctx`` is the materialised :class:`ForwardContext` (torch tensors by field name), ``call`` the
         forward's target rows and timesteps. The guide and reference rows of the context fill the rows the sampler
@@ -28,7 +29,9 @@ class ComfySamplerForwards:
         every transformer block (ComfyUI's interrupt stops a forward between blocks). ``lora``: ``(key, set)`` of
         ComfyUI's LoRA patches for this sampling (:mod:`.comfy_lora`; ``(None, None)``: none). Returns ``(video, audio,
         compute_s, reload_s, lora_modules)``: tensors of the call's shapes and dtypes, and how many modules the LoRA
-        set patches."""
+        set patches. With ``call.parallel`` this process is one rank of a DiT group: it waits (at most
+        ``ready_timeout``) until every rank has the forward and its model, runs it under diffusers' context
+        parallelism, and the ranks agree before every block whether to stop, so they stop at the same block."""
         with self._lock:
             reload_s = self.reload_if_released()
             needed = ctx["partition"]
@@ -52,6 +55,13 @@ class ComfySamplerForwards:
                 return out
 
             vt, at = ctx["video_target"].to(self.device), ctx["audio_target"].to(self.device)
+            group, grouped = None, contextlib.nullcontext()
+            if call.parallel is not None:
+                group = parallel.member(call.parallel, f"forward {call.index + 1} of sampling {request_id}")
+                parallel.barrier(group, ready_timeout)
+                grouped = parallel.applied(model, group, call.parallel.method)
+                asked = should_cancel or (lambda: False)
+                should_cancel = lambda: parallel.agree_stop(asked(), group)  # noqa: E731 - every rank, every block
             hooks = []
             if should_cancel is not None:
                 blocks = list(model.transformer_blocks)
@@ -69,7 +79,7 @@ class ComfySamplerForwards:
             cuda = self.device.startswith("cuda")
             t0 = time.perf_counter()
             try:
-                with torch.inference_mode():
+                with grouped, torch.inference_mode():
                     out = model(hidden_states=rows(vt, ctx["cond_video"], video),
                                 audio_hidden_states=rows(at, ctx["cond_audio"], audio),
                                 encoder_hidden_states=ctx["text"].to(self.device),
@@ -84,6 +94,12 @@ class ComfySamplerForwards:
                     a = out.audio_sample[:, at].to(audio.dtype).cpu()
                 if cuda:
                     torch.cuda.synchronize()
+            except DenoiseCancelled:
+                raise
+            except Exception:
+                if group is not None:  # the peers' next collective fails at once, not after the timeout
+                    parallel.leave()
+                raise
             finally:
                 for h in hooks:
                     h.remove()

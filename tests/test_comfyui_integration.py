@@ -542,7 +542,7 @@ NATIVE_REF_DIT = "minimax_h3_ref2va_pruned_bf16.safetensors"
 
 def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler: str = "euler",
                        cfg: float = 1.0, ksampler: bool = False, steps: int = 3, canvas: tuple = (64, 64, 22),
-                       patch: bool = False, loras: tuple = (), shift: tuple | None = None) -> dict:
+                       patch: bool = False, loras: tuple = (), shift: tuple | None = None, parallel: str = "off") -> dict:
     """ComfyUI's own H3 graph (:func:`_native_h3_prompt`) with its sampler's latent kept (``H3TestSaveLatent``).
     ``workflow``: t2va (MiniMaxH3ImageToVideo, no image), i2va (its ``first_frame`` from core's EmptyImage), r2va
     (MiniMaxH3ReferenceToVideo with one reference image, on the ref2va file); ``cfg`` > 1: CFGGuider with a second
@@ -551,13 +551,15 @@ def _core_model_prompt(remote: bool, name: str, workflow: str = "t2va", sampler:
     frames); ``patch``: core's PerturbedAttentionGuidance between the model and the sampler (it replaces the
     model's self-attention in a second forward per step: a patch of the model's inside); ``loras``: (file,
     strength) pairs, each through core's LoraLoaderModelOnly, stacked in order; ``shift``: (video, audio) through
-    core's MiniMaxH3SigmaShift (its model_sampling and its transformer_options entries)."""
+    core's MiniMaxH3SigmaShift (its model_sampling and its transformer_options entries); ``parallel``: the remote
+    MODEL's ``parallel`` (A+B: each forward on A's DiT rank and B's worker together)."""
     api = _native_h3_prompt(steps=steps, sampler=sampler, width=canvas[0], height=canvas[1], length=canvas[2])
     dit = NATIVE_REF_DIT if workflow == "r2va" else NATIVE_DIT
     api["4"]["inputs"]["unet_name"] = dit
     if remote:
         api["4"] = {"class_type": "H3RemoteModel", "inputs": {"unet_name": dit, "dtype": "float32",
-                                                              "precision": "auto", "cluster_address": "local"}}
+                                                              "precision": "auto", "cluster_address": "local",
+                                                              "parallel": parallel}}
     enc = api["5"]["inputs"]
     if workflow in ("i2va", "r2va"):
         api["20"] = {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 1,
@@ -784,7 +786,8 @@ CORE_MODEL_CASES = {"t2va-euler": ("t2va", "euler", 1.0, False, ()),
                     "r2va-euler": ("r2va", "euler", 1.0, False, ()),
                     "t2va-lora": ("t2va", "euler", 1.0, False, ((CORE_LORAS[0], 0.8),)),
                     "t2va-two-loras": ("t2va", "euler", 1.0, False, ((CORE_LORAS[0], 0.8), (CORE_LORAS[1], -0.5))),
-                    "t2va-lora-strength-0": ("t2va", "euler", 1.0, False, ((CORE_LORAS[0], 0.0),))}
+                    "t2va-lora-strength-0": ("t2va", "euler", 1.0, False, ((CORE_LORAS[0], 0.0),)),
+                    "t2va-parallel": ("t2va", "euler", 1.0, False, (), None, "A+B")}
 
 
 @pytest.mark.parametrize("case", list(CORE_MODEL_CASES))
@@ -794,12 +797,13 @@ def test_core_model_graph_matches_core_unetloader_with_the_dit_on_b(comfyui, cas
     (video and audio streams) agree within CORE_MODEL_TOLERANCE; the sampler node (the executing one) gets the
     readout, with one forward per step (two with CFG, as ComfyUI runs H3's cond and uncond apart); the video is
     written."""
-    workflow, sampler, cfg, ksampler, loras, *shift = CORE_MODEL_CASES[case]
-    kw = dict(workflow=workflow, sampler=sampler, cfg=cfg, ksampler=ksampler, loras=loras,
-              shift=shift[0] if shift else None)
+    workflow, sampler, cfg, ksampler, loras, *rest = CORE_MODEL_CASES[case]
+    shift, parallel = (rest[0] if rest else None), (rest[1] if len(rest) > 1 else "off")
+    kw = dict(workflow=workflow, sampler=sampler, cfg=cfg, ksampler=ksampler, loras=loras, shift=shift)
     local_pid, local_messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, f"core_local_{case}", **kw)))
     _ok(local_messages, local_pid)
-    pid, messages, entry = asyncio.run(_run(comfyui, _core_model_prompt(True, f"core_remote_{case}", **kw)))
+    pid, messages, entry = asyncio.run(_run(comfyui, _core_model_prompt(True, f"core_remote_{case}",
+                                                                         parallel=parallel, **kw)))
     _ok(messages, pid)
     local, remote = _latents(comfyui, f"core_local_{case}"), _latents(comfyui, f"core_remote_{case}")
     remote_s, local_s = _node_seconds(messages, pid, "10"), _node_seconds(local_messages, local_pid, "10")
@@ -815,7 +819,14 @@ def test_core_model_graph_matches_core_unetloader_with_the_dit_on_b(comfyui, cas
     forwards = 3 * (2 if cfg > 1.0 else 1)
     assert stage["stage"] == "sampling" and stage["info"]["forwards"] >= forwards, stage
     assert stage["compute_s"] > 0 and stage["info"]["per_forward"]["bytes_a_to_b"] > 0, stage
-    assert f"{stage['info']['forwards']} forwards on B" in stage["note"], stage["note"]
+    group = stage["info"]["parallel"]
+    if parallel == "off":
+        assert group is None and f"{stage['info']['forwards']} forwards on B" in stage["note"], stage["note"]
+    else:  # every forward ran on A's DiT rank and B's worker together; the readout names both and the method
+        assert group["ranks"] == ["A h3_rank_a", "B h3_dit"] and group["method"] == "ulysses", group
+        assert f"{stage['info']['forwards']} forwards on A h3_rank_a + B h3_dit" in stage["note"], stage["note"]
+        assert "parallel: ulysses over 2 ranks" in stage["note"] and not stage["info"]["rerun"], stage["note"]
+        assert len(stage["info"]["ranks_compute_s"]) == 2 and min(stage["info"]["ranks_compute_s"]) > 0, stage["info"]
     n = stage["info"]["forwards"]
     print(f"core_model {case} sampler node: local UNETLoader {local_s:.3f} s, remote MODEL {remote_s:.3f} s "
           f"(x{remote_s / local_s:.2f}), {(remote_s - local_s) / n * 1e3:.1f} ms more per forward over {n}; "

@@ -172,13 +172,15 @@ def test_a_lora_for_a_layer_b_lacks_is_refused_by_name(b_side):
 
 
 @pytest.mark.parametrize("change, words", [
-    (lambda c, x: (dataclasses.replace(c, schema_version=4), x), ["sampling context", "version 4", "version 5"]),
+    (lambda c, x: (dataclasses.replace(c, schema_version=4), x), ["sampling context", "version 4", "version 6"]),
     (lambda c, x: (dataclasses.replace(c, partition="transformer_x"), x), ["partition is 'transformer_x'"]),
     (lambda c, x: (dataclasses.replace(c, token_tags=W(torch.full((c.seq_len,), 7))), x), ["token_tags", "0 (video)"]),
     (lambda c, x: (dataclasses.replace(c, video_indices=W(torch.arange(100, 118))), x), ["video_indices points"]),
     (lambda c, x: (c, dataclasses.replace(x, sampling_id="other")), ["came with the context of 's-test'"]),
     (lambda c, x: (c, dataclasses.replace(x, video=W(torch.zeros(1, NV + 1, 96)))), ["video has shape (1, 13, 96)"]),
     (lambda c, x: (c, dataclasses.replace(x, timestep=W(torch.tensor([0.5])))), ["points past the 1 timestep"]),
+    (lambda c, x: (c, dataclasses.replace(x, parallel=wire.ParallelCall("g1", 2, 2))), ["parallel.rank is 2"]),
+    (lambda c, x: (c, dataclasses.replace(x, parallel="A+B")), ["forward parallel is a str"]),
     (lambda c, x: (c, dataclasses.replace(x, video=W(torch.zeros(1, NV, 96, dtype=torch.int32)))),
      ["video has dtype int32"]),
 ])
@@ -205,3 +207,15 @@ def test_b_describes_its_file_and_refuses_a_folder(b_side, tiny_ckpt):
     folder = BSide(tiny_ckpt, dtype="float32", residency="one")
     with pytest.raises(Exception, match=r"need B's transformer as one Comfy-Org .safetensors file"):
         folder.transformer_file()
+
+
+def test_a_forward_for_a_dit_group_this_worker_is_not_in_is_refused_in_one_sentence(b_side):
+    """A forward that names a DiT group (parallel A+B) on a worker outside it: refused before any block runs, with
+    the group it is in and the one the forward is for (never run alone as if it were the whole group)."""
+    ctx = _context(b_side)
+    call = dataclasses.replace(_call(ctx), parallel=wire.ParallelCall("g-missing", 1, 2))
+    from comfy_h3_nodes.engine.model.parallel import ParallelError
+
+    with pytest.raises(ParallelError, match=r"this DiT worker is in no group, and forward 1 of sampling .* is for group "
+                                         r"g-missing rank 1 of 2: form the group again"):
+        b_side.forward_rows(_tensors(ctx), call)

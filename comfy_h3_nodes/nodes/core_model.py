@@ -14,7 +14,7 @@ import time
 
 from ..engine import session
 from ..engine.contract import request as rq
-from ..engine.contract.configs import DTYPES, PRECISIONS
+from ..engine.contract.configs import DTYPES, PRECISIONS, SAMPLER_PARALLEL
 from ..engine.contract.timing import StageRecord
 from ..engine.model import catalog
 from ..engine.model.formats import WORKFLOW_PARTITION, named_workflow
@@ -44,6 +44,10 @@ class H3RemoteModel:
             "precision": (list(PRECISIONS), {"default": "auto"}),
             "cluster_address": ("STRING", {"default": "local", "tooltip": "'local' or the Ray head host:port"}),
         }, "optional": {
+            "parallel": (list(SAMPLER_PARALLEL), {"default": "off", "tooltip": (
+                "machines that run each forward together (sequence parallel): off = B's DiT worker; A+B = a DiT rank "
+                "on this machine (its own process, when A's memory plan has room) with B's worker; all = A and every "
+                "B of the pool. The sampler node's readout names the ranks.")}),
             "actor_name": ("STRING", {"default": "h3_dit*"}),
             "namespace": ("STRING", {"default": "comfy_h3"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
@@ -52,8 +56,8 @@ class H3RemoteModel:
     def IS_CHANGED(cls, **kwargs):
         return float("nan")  # B's health and settings are checked on every run
 
-    def load(self, unet_name, dtype, precision, cluster_address, actor_name="h3_dit*", namespace="comfy_h3",
-             unique_id=None):
+    def load(self, unet_name, dtype, precision, cluster_address, parallel="off", actor_name="h3_dit*",
+             namespace="comfy_h3", unique_id=None):
         from .. import placement  # noqa: PLC0415 - Ray and B's side load when the node runs
         from ..host import remote_model  # noqa: PLC0415 - imports ComfyUI's model code: only inside ComfyUI
         import torch  # noqa: PLC0415
@@ -65,7 +69,7 @@ class H3RemoteModel:
         # a ref2va file (its name or metadata says so) is B's transformer_ref partition, any other its transformer
         partition = WORKFLOW_PARTITION.get(named_workflow(pathlib.Path(unet_name.strip())), "transformer")
         ex = session.dit(address, actor_name.strip(), namespace.strip(), unet_name.strip(), partition, dtype,
-                         "sdpa", precision=precision, actors=placement.ACTORS)
+                         "sdpa", precision=precision, actors=placement.ACTORS, parallel=parallel)
         info = ex.transformer_file(partition)
         patcher = remote_model.build_model(info, ex.open_sampling, host().interrupted, dtype=getattr(torch, dtype),
                                            on_done=sampling_readout, partition=partition)
@@ -84,14 +88,23 @@ def sampling_readout(summary: dict) -> None:
     h = host()
     node = h.executing_node()
     tot, per, n = summary["total"], summary["per_forward"], summary["forwards"]
-    t0 = summary["started"]
-    note = (f"{n} forwards on B ({summary['worker']}): B compute {tot.get('compute_s', 0):.2f} s, "
+    t0, group = summary["started"], summary.get("parallel")
+    on = " + ".join(group["ranks"]) if group else f"B ({summary['worker']})"
+    note = (f"{n} forwards on {on}: B compute {tot.get('compute_s', 0):.2f} s, "
             f"A->B {tot.get('a_to_b_s', 0):.3f} s, B->A {tot.get('b_to_a_s', 0):.3f} s in all; per forward "
             f"{per.get('compute_s', 0):.3f} s compute, {per.get('a_to_b_s', 0) + per.get('b_to_a_s', 0):.4f} s "
             "transfer") if n else "no forward ran on B"
+    if group:
+        formed = f", formed in {group['formed_s']:.2f} s for this sampling" if group.get("formed_s") else ""
+        if group.get("a_start_s"):
+            formed += f" (A's DiT rank started and loaded first: {group['a_start_s']:.1f} s of the sampler's time)"
+        note += f"; parallel: {group['method']} over {len(group['ranks'])} ranks{formed}"
+    if summary.get("rerun"):
+        note += f"; {summary['rerun']}"
     rec = StageRecord(summary["sampling_id"], "sampling", "B", summary["worker"], t0, t0 + summary["wall_s"],
                       compute_s=tot.get("compute_s", 0.0), fetch_s=tot.get("a_to_b_s", 0.0) + tot.get("b_to_a_s", 0.0),
                       bytes={"a_to_b": tot.get("bytes_a_to_b", 0), "b_to_a": tot.get("bytes_b_to_a", 0)},
                       steps=tuple(r["compute_s"] for r in summary["records"]), note=note,
-                      info={k: summary[k] for k in ("forwards", "total", "per_forward", "worker", "lora_modules", "lora_bytes_fetched")})
+                      info={k: summary[k] for k in ("forwards", "total", "per_forward", "worker", "lora_modules",
+                                                    "lora_bytes_fetched", "parallel", "rerun", "ranks_compute_s")})
     report("sampler", node, [rec], "sampling", extra={"status": note})

@@ -36,6 +36,8 @@ DECODE_ON = ("auto", "A", "A+B")
 #: which machines denoise one request together: one worker, A's rank with one B, A's rank with every B, or the
 #: fastest choice the memory plans and the queue allow
 PARALLEL = ("off", "A+B", "all", "auto")
+#: the groups ComfyUI's own samplers (H3RemoteModel) run each forward on: auto's model is per request, not per forward
+SAMPLER_PARALLEL = ("off", "A+B", "all")
 #: how a DiT group splits attention (diffusers' context parallelism)
 PARALLEL_METHODS = ("ulysses", "ring")
 

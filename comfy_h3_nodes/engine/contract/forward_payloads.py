@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .wire import _FLOAT_DTYPES, DEFAULT_MAX_PAYLOAD_BYTES, SCHEMA_VERSION, WireError, WireTensor, _check_version
+from .wire import (_FLOAT_DTYPES, DEFAULT_MAX_PAYLOAD_BYTES, SCHEMA_VERSION, ParallelCall, WireError, WireTensor,
+                   _check_version)
 
 
 #: the modality of a row of the packed sequence, as diffusers' ``token_tags`` number them
@@ -98,7 +99,9 @@ class ForwardCall:
     """A->B per forward of a sampler: the target rows (``video`` (batch, target video rows, patch dim), ``audio``
     (batch, target audio rows, channels)) in the dtype the sampler hands the model (bf16 when it computes in bf16:
     the rows are a permutation of its latent, so nothing is rounded on the way), the distinct ``timestep`` values
-    (unscaled, in [0, 1]) and per row of the packed sequence the index of its value (``timestep_indices``, uint8)."""
+    (unscaled, in [0, 1]) and per row of the packed sequence the index of its value (``timestep_indices``, uint8).
+    ``parallel``: this rank's place in the DiT group that runs the forward together (every rank gets the same call
+    otherwise); None: one worker."""
 
     sampling_id: str
     index: int
@@ -106,6 +109,7 @@ class ForwardCall:
     audio: WireTensor
     timestep: WireTensor
     timestep_indices: WireTensor
+    parallel: ParallelCall | None = None
     schema_version: int = SCHEMA_VERSION
 
     def tensors(self) -> dict[str, WireTensor]:
@@ -132,6 +136,10 @@ class ForwardCall:
         self.audio.check("audio", _FLOAT_DTYPES, (batch, int(ctx.audio_target.data.sum()), ctx.cond_audio.shape[1]))
         self.timestep.check("timestep", ("float32",), (None,))
         self.timestep_indices.check("timestep_indices", ("uint8",), (ctx.seq_len,))
+        if self.parallel is not None:
+            if not isinstance(self.parallel, ParallelCall):
+                raise WireError(f"forward parallel is a {type(self.parallel).__name__}, expected a ParallelCall.")
+            self.parallel.validate()
         n = self.timestep.shape[0]
         if not 1 <= n <= 255 or int(self.timestep_indices.data.max()) >= n:
             raise WireError(f"timestep_indices points past the {n} timestep values of forward {self.index}.")

@@ -38,7 +38,8 @@ from .configs import PARALLEL_METHODS, WORKFLOWS
 #: 4: a :class:`Preview` may carry its latent frame instead of a JPEG (method ``latent``: A decodes it with ComfyUI's
 #:    tiny preview decoder for H3)
 #: 5: per-forward calls of ComfyUI's samplers (:class:`ForwardContext`, :class:`ForwardCall`, :class:`ForwardResult`)
-SCHEMA_VERSION = 5
+#: 6: a :class:`ForwardCall` may carry a :class:`ParallelCall` (one forward of ComfyUI's sampler on a DiT group)
+SCHEMA_VERSION = 6
 
 #: Largest payload either side accepts, in bytes (A->B with nine image references is about 0.7 GB at real scale).
 DEFAULT_MAX_PAYLOAD_BYTES = int(os.environ.get("H3_MAX_PAYLOAD_BYTES", str(1 << 30)))

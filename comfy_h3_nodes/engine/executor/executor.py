@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Iterable
 
@@ -218,9 +219,37 @@ class H3Executor:
             raise remote_error("B", "the transformer file's description", "-", exc) from None
 
     def open_sampling(self) -> RemoteSampling:
-        """The forwards of one sampler run, on B's primary worker (the one this executor's health checks)."""
-        return RemoteSampling(self.b, self.bclient.config.name, clock_offset_s=self.clock_offset_s,
-                              forward_timeout=self.timeouts.stall, poll=self.timeouts.poll)
+        """The forwards of one sampler run, on B's primary worker (the one this executor's health checks), or with
+        ``parallel`` on the DiT group of A's rank and B's worker(s) (formed once, kept for the next samplings)."""
+        sampling = RemoteSampling(self.b, self.bclient.config.name, clock_offset_s=self.clock_offset_s,
+                                  forward_timeout=self.timeouts.stall, poll=self.timeouts.poll)
+        groups, mode = self.bclient.groups, self.bclient.parallel
+        if mode == "off" or groups is None:
+            return sampling
+        if mode not in ("A+B", "all"):
+            raise H3Error(f"parallel {mode!r} is not for ComfyUI's own samplers: choose off, A+B or all.")
+        workflow = "ref2va" if self.b_config.partition == "transformer_ref" else "t2va"
+        before, timed = groups.current, {}
+        bound = 2 * self.timeouts.start + 30  # A's rank may start (and load) first: bounded all the same
+        try:
+            group = self._loop.submit(groups.for_sampling(self.bclient, mode, workflow, timed)).result(timeout=bound)
+        except FutureTimeout:
+            raise H3Error(f"the DiT group of parallel {mode} did not form within {bound:.0f} s (A's rank starting, "
+                          "or a B worker busy): set parallel to off, or check python -m remote_worker status.") from None
+        sampling.group, sampling.on_lost = group, self._ranks_lost
+        sampling.ran_on = {"group": group.group_id, "method": group.method,
+                           "ranks": [f"{r.machine} {r.name}" for r in group.ranks],
+                           "formed_s": round(group.formed_s, 4) if group is not before else 0.0,
+                           "a_start_s": round(timed.get("a_start_s", 0.0), 4)}
+        return sampling
+
+    def _ranks_lost(self, lost: list) -> None:
+        """A sampling lost ``lost`` ranks: the group is dropped (the next sampling forms one again), and a lost A
+        rank is started again on the next use."""
+        groups = self.bclient.groups
+        groups.current = None
+        if any(r.machine == "A" for r in lost):
+            groups.a_rank = None
 
     # ------------------------------------------------------------------------------------------------ requests
     def encode(self, request: EncodeRequest, a=None) -> Conditioning:

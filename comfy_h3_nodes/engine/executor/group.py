@@ -378,6 +378,16 @@ class Groups:
         workers = await b.all_workers(workflow)
         return [a, *(_rank_of(w) for w in workers)], f"parallel {mode}: A and {len(workers)} B worker(s)"
 
+    async def for_sampling(self, b, mode: str, workflow: str, timed: dict | None = None) -> DiTGroup:
+        """The group of one run of ComfyUI's sampler (``A+B``: A's rank and B's primary worker; ``all``: A's rank and
+        every live worker), formed or kept from the last sampling; its forwards go to every rank. ``timed["a_start_s"]``
+        gets what starting A's rank took, when this sampling started it."""
+        a = await self.a(timed)
+        workers = await b.all_workers(workflow)
+        if mode == "A+B":
+            workers = [next((w for w in workers if w.name == b.config.name), workers[0])]
+        return await self.form([a, *(_rank_of(w) for w in workers)])
+
 
 def _rank_of(worker) -> Rank:
     return Rank("B", worker.name, worker.handle, worker.node_ip, worker.status.get("pid", 0))

@@ -10,15 +10,23 @@ which the caller's ``interrupted`` is asked (ComfyUI's Cancel): then B is told t
 transformer block) and :class:`~..contract.errors.H3Cancelled` is raised. A worker lost mid-sampling raises
 :class:`~..contract.errors.H3Error` at once with the forward named; the next sampling picks a worker again.
 
+With a DiT group (``parallel`` A+B or all: ``group``, A's rank first) every forward goes to every rank with its place
+in the group (:class:`~..contract.wire.ParallelCall`); they run it together under context parallelism, and rank 0's
+output (A's own rank: read from A's own store) is the forward's. A rank lost mid-sampling: the ranks left drop the
+group and the forward runs again, with the same rows, on one of them (a B worker when one is left), and so do the
+forwards after it; the readout says so.
+
 One :class:`ForwardRecord` per forward, on the receiver's clock for each hand-off: A->B is B's arrival minus A's
-send (B's clock, corrected by the measured offset), B->A is A's receipt minus B's end; :meth:`RemoteSampling.summary`
-adds them up for the readout.
+send (B's clock, corrected by the measured offset), B->A is A's receipt minus the end of the forward's output rank;
+:meth:`RemoteSampling.summary` adds them up for the readout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
+import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -30,8 +38,9 @@ import torch
 from ..contract import wire
 from ..contract.forward_payloads import ForwardCall, ForwardContext
 from ..contract.errors import H3Cancelled, H3Error, H3Timeout
-from .failures import remote_error
+from .failures import first_line, remote_error
 
+log = logging.getLogger("comfy_h3.remote_forward")
 _ids = itertools.count()
 
 
@@ -41,12 +50,13 @@ class ForwardRecord:
 
     index: int
     round_trip_s: float  # A's send to A's receipt of the result
-    compute_s: float     # B's forward
+    compute_s: float     # B's forward (a group's: its B rank's)
     a_to_b_s: float      # B's arrival minus A's send (on B's clock, offset-corrected)
     b_to_a_s: float      # A's receipt minus B's end
     bytes_a_to_b: int
     bytes_b_to_a: int
     context_s: float = 0.0  # the first forward of a context: B's fetch of it
+    ranks_compute_s: tuple = ()  # a DiT group's forward: each rank's compute, rank 0 first
 
 
 @dataclass
@@ -65,6 +75,11 @@ class RemoteSampling:
     lora_ref: object = None  # the sampling's LoRA patch set (ComfyLoraSet), put once; None: no LoRA
     lora_modules: int = 0  # how many of B's modules it patched (B's answer)
     lora_bytes_fetched: int = 0  # what B fetched of it for this sampling (0: B had it from an earlier one)
+    group: object = None  # a DiTGroup (parallel): every forward runs on all its ranks, rank 0's output is kept
+    on_lost: Callable | None = None  # told the ranks lost mid-sampling (the caller drops its group)
+    rerun: str = ""  # what a lost rank changed (the readout says so)
+    machine: str = "B"  # where ``handle`` runs (A: A's DiT rank, left alone by a lost B)
+    ran_on: dict | None = None  # the group the sampling started on (its method and ranks), for the readout
 
     def context_ref(self, key: tuple, make: Callable[[], ForwardContext], keep=None):
         """The object reference of the context ``key`` names (``make`` builds it the first time): put once per
@@ -85,14 +100,15 @@ class RemoteSampling:
         call = ForwardCall(self.sampling_id, index, wire.WireTensor.from_torch(video),
                            wire.WireTensor.from_torch(audio), wire.WireTensor.from_torch(timestep),
                            wire.WireTensor.from_torch(timestep_indices))
+        targets = self._targets(call)
         sent = time.time()
         refs = [ctx_ref] if self.lora_ref is None else [ctx_ref, self.lora_ref]
-        ref = self.handle.forward.options(num_returns=2).remote(refs, call)
-        result_ref, info_ref = ref
+        pending = [h.forward.options(num_returns=2).remote(refs, c) for h, c, _, _ in targets]
+        infos = [info_ref for _, info_ref in pending]
         deadline = time.monotonic() + self.forward_timeout
-        while True:
-            ready, _ = ray.wait([info_ref], timeout=self.poll, fetch_local=True)
-            if ready:
+        while True:  # every rank ends: a lost rank breaks its peers' next collective within the group's timeout
+            ready, _ = ray.wait(infos, num_returns=len(infos), timeout=self.poll, fetch_local=True)
+            if len(ready) == len(infos):
                 break
             if interrupted():
                 self.cancel()
@@ -103,28 +119,88 @@ class RemoteSampling:
                 raise H3Timeout(f"B's worker {self.worker} took over {self.forward_timeout:.0f} s for forward "
                                 f"{index + 1} of sampling {self.sampling_id}; check B's health (python -m "
                                 "remote_worker status) or raise the forward timeout.")
-        try:
-            result, info = ray.get([result_ref, info_ref], timeout=self.forward_timeout)
-        except ray.exceptions.RayError as exc:
-            err = remote_error("B", f"forward {index + 1} of ComfyUI's sampler", self.sampling_id, exc)
+        answers, errors = [], []
+        for i, (result_ref, info_ref) in enumerate(pending):
+            try:
+                answers.append(ray.get([result_ref, info_ref], timeout=self.forward_timeout))
+            except ray.exceptions.RayError as exc:
+                errors.append((i, exc))
+        if errors and self.group is not None:
+            self._rank_failed(errors, index)  # raises, or leaves one rank to run this forward again
+            return self.forward(ctx_ref, video, audio, timestep, timestep_indices, interrupted)
+        if errors:
+            err = remote_error("B", f"forward {index + 1} of ComfyUI's sampler", self.sampling_id, errors[0][1])
             if isinstance(err, H3Cancelled):
                 raise err from None
             raise H3Error(f"{err} The sampler on A stopped at forward {index + 1}; queue the prompt again: the "
                           "next sampling picks a DiT worker that answers.") from None
         got = time.time()
+        result, info = answers[0]  # rank 0's output is the forward's
         result.validate(call)
+        # the hand-off that crossed machines: a B rank's receipt (A's rank reads A's own store)
+        b_side = next((j for j, t in enumerate(targets) if t[3] == "B"), 0)
+        crossed, offset = answers[b_side][1], targets[b_side][2]
         self.lora_modules = info.get("lora_modules", 0)
-        self.lora_bytes_fetched += info.get("lora_bytes", 0)
-        arrived = info["arrived"] - self.clock_offset_s
-        ended = info["ended"] - self.clock_offset_s
+        self.lora_bytes_fetched += crossed.get("lora_bytes", 0)
+        arrived = crossed["arrived"] - offset
+        ended = info["ended"] - targets[0][2]
         self.records.append(ForwardRecord(
-            index, round(got - sent, 6), round(info["compute_s"], 6), round(max(arrived - sent, 0.0), 6),
-            round(max(got - ended, 0.0), 6), call.nbytes, result.nbytes, info.get("context_fetch_s", 0.0)))
+            index, round(got - sent, 6), round(crossed["compute_s"], 6), round(max(arrived - sent, 0.0), 6),
+            round(max(got - ended, 0.0), 6), call.nbytes, result.nbytes, crossed.get("context_fetch_s", 0.0),
+            tuple(round(a[1]["compute_s"], 6) for a in answers) if self.group is not None else ()))
         return result.video.to_torch(), result.audio.to_torch()
 
+    def _targets(self, call: ForwardCall) -> list[tuple]:
+        """``(handle, call, clock offset, machine)`` per rank: one worker's, or every rank of the group with its
+        place in it."""
+        if self.group is None:
+            return [(self.handle, call, self.clock_offset_s, self.machine)]
+        g = self.group
+        return [(r.handle, dataclasses.replace(call, parallel=wire.ParallelCall(g.group_id, i, len(g.ranks), g.method)),
+                 self.clock_offset_s if r.machine == "B" else 0.0, r.machine) for i, r in enumerate(g.ranks)]
+
+    def _rank_failed(self, errors: list, index: int) -> None:
+        """A forward of the group failed on ``errors``' ranks: a cancel is raised as such; a rank that no longer
+        answers is dropped with the group, and one rank left takes the forward (and the rest of the sampling) on
+        its own; any other failure is one sentence naming the rank."""
+        g = self.group
+        stage = f"forward {index + 1} of ComfyUI's sampler"
+        said = [(g.ranks[i], remote_error(g.ranks[i].machine, stage, self.sampling_id, e)) for i, e in errors]
+        if all(isinstance(e, H3Cancelled) for _, e in said):
+            raise said[0][1] from None
+        alive = []
+        for r in g.ranks:
+            try:
+                ray.get(r.handle.ping.remote(), timeout=5.0)
+                alive.append(r)
+            except Exception:  # noqa: BLE001 - the rank that was lost
+                pass
+        lost = [r for r in g.ranks if r not in alive]
+        self.group = None  # a broken group is never used again
+        for r in alive:
+            try:
+                ray.get(r.handle.leave_group.remote(g.group_id), timeout=5.0)
+            except Exception:  # noqa: BLE001 - it left already, or stopped answering since
+                pass
+        if self.on_lost is not None:
+            self.on_lost(lost)
+        if not lost or not alive:
+            r, err = said[0]
+            raise H3Error(f"{r.machine}'s DiT rank {r.name} failed in the DiT group at {stage}: {first_line(err)} The "
+                          f"sampler on A stopped at forward {index + 1}; queue the prompt again.") from None
+        survivor = next((r for r in alive if r.machine == "B"), alive[0])
+        self.handle, self.worker, self.machine = survivor.handle, survivor.name, survivor.machine
+        if survivor.machine != "B":
+            self.clock_offset_s = 0.0
+        names = " + ".join(f"{r.machine}'s rank {r.name}" for r in lost)
+        self.rerun = (f"{names} lost at forward {index + 1}: that forward and the rest ran again on "
+                      f"{survivor.machine} {survivor.name} alone")
+        log.warning("[%s] %s", self.sampling_id, self.rerun)
+
     def cancel(self) -> None:
-        try:
-            ray.get(self.handle.cancel.remote(self.sampling_id), timeout=10.0)
+        handles = [r.handle for r in self.group.ranks] if self.group is not None else [self.handle]
+        try:  # every rank: a group's ranks agree before each block and stop at the same one
+            ray.get([h.cancel.remote(self.sampling_id) for h in handles], timeout=10.0)
         except Exception:  # noqa: BLE001 - the worker is gone or slow: the caller reports the interrupt anyway
             pass
 
@@ -135,6 +211,9 @@ class RemoteSampling:
                for k in ("round_trip_s", "compute_s", "a_to_b_s", "b_to_a_s", "bytes_a_to_b", "bytes_b_to_a")}
         per = {k: round(v / n, 6) for k, v in tot.items()} if n else {}
         return {"sampling_id": self.sampling_id, "worker": self.worker, "forwards": n, "total": tot,
+                "parallel": self.ran_on, "rerun": self.rerun,
+                "ranks_compute_s": [round(sum(c), 6) for c in zip(*(r.ranks_compute_s for r in self.records
+                                                                     if r.ranks_compute_s))],
                 "lora_modules": self.lora_modules, "lora_bytes_fetched": self.lora_bytes_fetched,
                 "per_forward": per, "started": self.started, "wall_s": round(time.time() - self.started, 6),
                 "records": [asdict(r) for r in self.records]}

@@ -129,6 +129,17 @@ def leave() -> bool:
     return was is not None
 
 
+def member(spec, what: str) -> Group:
+    """This process's group, checked to be the one ``spec`` (a ``wire.ParallelCall``) names, at its rank: else one
+    sentence (``what``: the request or forward it came with)."""
+    group = _GROUP
+    if group is None or (group.group_id, group.rank, group.world) != (spec.group_id, spec.rank, spec.world):
+        have = f"group {group.group_id} rank {group.rank} of {group.world}" if group else "no group"
+        raise ParallelError(f"this DiT worker is in {have}, and {what} is for group {spec.group_id} rank {spec.rank} "
+                            f"of {spec.world}: form the group again.")
+    return group
+
+
 def agree_stop(stop: bool, group: Group) -> bool:
     """Whether any rank wants to stop before this step (an all-reduce of one integer, MAX): all ranks stop together,
     so none is left waiting inside a collective."""
