@@ -84,3 +84,10 @@ def remote_error(machine: str, stage: str, rid: str, exc: BaseException) -> H3Er
         err.__cause__ = inner
         return err
     return H3Error(f"{machine} failed during {stage} of request {rid}: {first_line(inner)}")
+
+
+def collective_failure(exc: BaseException) -> bool:
+    """Whether a group's collective broke because a peer vanished or froze (its sockets closed, or it timed out)."""
+    text = str(exc)
+    return any(s in text for s in ("Connection closed by peer", "Connection reset", "Timed out waiting",
+                                   "timed out", "Broken pipe", "pair closure"))

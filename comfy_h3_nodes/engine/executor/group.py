@@ -29,11 +29,10 @@ from ..contract import wire
 from ..contract.errors import H3Cancelled, H3Error
 from ..contract.timing import StageRecord, StepRecord
 from ..model.parallel import ParallelError, method_for
-from .failures import WORKER_LOST, creation_cause, first_line
+from .failures import WORKER_LOST, collective_failure, creation_cause, first_line
 from .handoff import unwrap_ray_error
 from .group_readout import group_timing, rank_records, restart_text, status_row
-from .parallel_plan import StepClock
-from .parallel_plan import choose as plan_parallel
+from .parallel_plan import StepClock, choose as plan_parallel
 
 log = logging.getLogger("comfy_h3.group")
 
@@ -251,7 +250,7 @@ class Groups:
         if lost is not None:
             raise RankLost(*lost)
         r, x = inner[0]
-        if _collective_failure(x):  # a peer vanished or froze: find which one answers no more
+        if collective_failure(x):  # a peer vanished or froze: find which one answers no more
             raise RankLost(r, x)
         raise H3Error(f"{r.machine}'s DiT rank {r.name} failed during the parallel denoise of request "
                       f"{call.request_id}: {first_line(x)}")
@@ -391,12 +390,6 @@ class Groups:
 
 def _rank_of(worker) -> Rank:
     return Rank("B", worker.name, worker.handle, worker.node_ip, worker.status.get("pid", 0))
-
-
-def _collective_failure(exc: BaseException) -> bool:
-    text = str(exc)
-    return any(s in text for s in ("Connection closed by peer", "Connection reset", "Timed out waiting",
-                                   "timed out", "Broken pipe", "pair closure"))
 
 
 async def _call(ref, timeout: float):

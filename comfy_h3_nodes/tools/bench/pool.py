@@ -59,7 +59,7 @@ def run_pool(requests: int = 8, synthetic: dict | None = None, max_in_flight: in
             f"{requests} requests, stand-in A {synthetic['encode'] + synthetic['decode']:.2f} s "
             f"(encode {synthetic['encode']} + decode {synthetic['decode']}), B {synthetic['denoise']} s, "
             f"max_in_flight {max_in_flight}")
-        out: dict = {"workers": {}}
+        out: dict = {"workers": {}}  # + "served": requests per worker, per pool size (not in the JSON line)
         for k, spec in ((1, names[0]), (2, f"{tag}_b*")):
             ex = _make_executor(ckpt, "pool", synthetic, max_in_flight, spec=spec)
             executors.append(ex)
@@ -74,6 +74,7 @@ def run_pool(requests: int = 8, synthetic: dict | None = None, max_in_flight: in
                 w = next(x for x in r.records if x.stage == "denoise").info.get("worker", "?").removeprefix(tag + "_")
                 served[w] = served.get(w, 0) + 1
             out["workers"][str(k)] = {"makespan_s": round(makespan, 3)}
+            out.setdefault("served", {})[str(k)] = served
             log(f"  {k} worker{'s' if k > 1 else ''}: makespan {makespan:.2f} s "
                 f"({makespan / requests:.2f} s per request); requests per worker {served}")
         out["speedup"] = round(out["workers"]["1"]["makespan_s"] / out["workers"]["2"]["makespan_s"], 3)
