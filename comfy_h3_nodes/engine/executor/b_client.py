@@ -67,6 +67,7 @@ class BClient:
         self.groups: Groups | None = None  # parallel denoise: A's rank and the DiT groups (set by the executor)
         self.pool = pl.DiTPool(config.name, config.namespace, status_timeout=min(timeouts.health, 5.0))
         self.primary = None  # the worker health checks, pickers and reconfiguration talk to first
+        self.primary_name = ""  # its actor name (the config's name may be a pattern: h3_dit*)
         self.worker_of: OrderedDict[str, pl.Worker] = OrderedDict()  # request -> the worker that denoises it
         self.reconciled: set[tuple] = set()  # (name, pid) of workers whose settings match this caller's
         self.last_reconfigure = ""  # what the last reconcile changed on the primary ("" = nothing)
@@ -80,13 +81,14 @@ class BClient:
         """Find the pool's workers; with none (the embedded cluster), start one on a B node through the factory."""
         found = self.pool.refresh()
         if found:
-            self.primary = found[0].handle
+            self.primary, self.primary_name = found[0].handle, found[0].name
             return
         if self.start_dit is None:
             raise H3Error(f"no DiT worker matching {self.config.name!r} in namespace {self.config.namespace!r}; "
                           "start one with `python -m remote_worker setup` on machine B.")
         name = pl.create_name(self.config.name)
         self.primary = self.start_dit(asdict(dataclasses.replace(self.config, name=name)))
+        self.primary_name = name
 
     def reconcile_all(self) -> None:
         for w in self.pool.refresh():

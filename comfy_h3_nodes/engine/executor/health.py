@@ -45,7 +45,7 @@ def check(a, b, bound: float, topology=None) -> dict:
     live = pool.refresh(min(bound, pool.status_timeout))
     ids = {w.handle._actor_id for w in live}
     if live and (b.primary is None or b.primary._actor_id not in ids):
-        b.primary = live[0].handle
+        b.primary, b.primary_name = live[0].handle, live[0].name
     out["workers"] = pool.describe()
     if a is not None:
         out["A"] = a.health(bound)
