@@ -27,11 +27,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from comfy_h3_nodes.engine.model.catalog import FROM_MODEL  # noqa: E402
+from comfy_h3_nodes.nodes.core_model import H3RemoteModel  # noqa: E402
 from comfy_h3_nodes.nodes.loaders import DEFAULT_MODEL_PATH  # noqa: E402
 from comfy_h3_nodes.tools.runner import _mappings, input_specs, is_widget  # noqa: E402
 
 OUT = ROOT / "example_workflows"
 SIZES = json.loads((ROOT / "scripts" / "node_sizes.json").read_text())
+#: ComfyUI's own nodes' slots (inputs in order, outputs), from a ComfyUI's /object_info (scripts/snapshot_core_nodes.py)
+CORE = json.loads((ROOT / "scripts" / "core_nodes.json").read_text())
 #: The first screen a template must fit in: a 1280 x 720 browser window, in screen pixels. The frontend (1.49 and
 #: 1.58) draws over the canvas: its tab bar and the Graph menu / Run bar above FREE_TOP, the sidebar left of
 #: FREE_LEFT and the minimap in the corner right of and below MINIMAP (measured in both, classic and Vue nodes).
@@ -79,37 +82,73 @@ def saved_view(nodes: list[dict]) -> dict:
 def size_of(typ: str) -> list[float]:
     """A node's saved size: the largest box the frontends draw it in, without the title bar (a note: at least
     ``NOTE_SIZE``, room for its text without scrolling)."""
-    w, h = SIZES["largest"].get(typ, (COL_W, 120 + TITLE_H))
+    w, h = SIZES["largest"].get(typ) or SIZES.get("core", {}).get(typ) or (COL_W, 120 + TITLE_H)
     w, h = max(COL_W, float(w)), float(h) - TITLE_H
     if typ == NOTE_TYPE:
         w, h = max(w, NOTE_SIZE[0]), max(h, NOTE_SIZE[1])
     return [w, h]
 
 
-def layout(nodes: list[tuple], rows: list[list[int]], under: dict[int, int] | None = None) -> dict[int, list[float]]:
-    """Positions (``pos``, below the title bar) of node ids placed in rows of columns ``COL_W + GAP_X`` apart; each
-    row starts ``GAP_Y`` below the tallest box of the row above. ``under`` places a node ``GAP_Y`` below another one
-    of the rows (a node id: the id it goes under)."""
+def layout(nodes: list[tuple], rows: list[list], under: dict[int, int] | None = None) -> dict[int, list[float]]:
+    """Positions (``pos``, below the title bar) of node ids placed in rows of columns ``COL_W + GAP_X`` apart; a
+    column is one node id or a list of ids placed one below the other, ``GAP_Y`` apart; each row starts ``GAP_Y``
+    below the tallest column of the row above. ``under`` places a node ``GAP_Y`` below another one of the rows (a
+    node id: the id it goes under)."""
     types = {n[0]: n[1] for n in nodes}
     under = under or {}
-    placed = [i for row in rows for i in row] + list(under)
+    columns = [[col] if isinstance(col, int) else list(col) for row in rows for col in row]
+    placed = [i for col in columns for i in col] + list(under)
     assert sorted(placed) == sorted(types), (sorted(placed), sorted(types))
     pos, top = {}, 0.0
     for row in rows:
-        for col, nid in enumerate(row):
-            pos[nid] = [col * (COL_W + GAP_X), top + TITLE_H]
-        top += max(size_of(types[nid])[1] + TITLE_H for nid in row) + GAP_Y
+        bottom = top
+        for col, stack in enumerate([c] if isinstance(c, int) else list(c) for c in row):
+            y = top
+            for nid in stack:
+                pos[nid] = [col * (COL_W + GAP_X), y + TITLE_H]
+                y += size_of(types[nid])[1] + TITLE_H + GAP_Y
+            bottom = max(bottom, y)
+        top = bottom
     for nid, above in under.items():
         x, y = pos[above]
         pos[nid] = [x, y + size_of(types[above])[1] + GAP_Y + TITLE_H]
     return pos
 
 
-def build(name: str, nodes: list[tuple], rows: list[list[int]], under: dict[int, int] | None = None) -> dict:
-    """nodes: (id, type, widget values, {input: (src id, src slot)}); rows: the node ids of each row, left to right;
-    under: node ids placed below another (see ``layout``)."""
-    mappings = _mappings()
+def slots(typ: str, core: bool = False) -> tuple[list[dict], list[dict]]:
+    """A node type's ``(inputs, outputs)``: the pack's from its INPUT_TYPES / RETURN_TYPES (and the headless runner's
+    stand-ins for LoadImage / LoadAudio), with ``core`` ComfyUI's own from the snapshot of its ``/object_info``
+    (scripts/core_nodes.json). Each input: name, type (``COMBO`` for a list of
+    choices), widget, section, and for an autogrow input the prefix and type of its slots; each output: name, type."""
+    if core and typ in CORE["nodes"]:
+        spec = CORE["nodes"][typ]
+        return [{**i, "type": i["kind"]} for i in spec["inputs"]], spec["outputs"]
+    cls = {**_mappings(), "H3RemoteModel": H3RemoteModel}[typ]
+    inputs = [{"name": n, "type": "COMBO" if isinstance(t, (list, tuple)) else t, "widget": is_widget(t),
+               "section": section} for n, (t, _, section) in input_specs(cls).items()]
+    names = getattr(cls, "RETURN_NAMES", None) or cls.RETURN_TYPES
+    return inputs, [{"name": n, "type": t} for n, t in zip(names, cls.RETURN_TYPES)]
+
+
+def input_entry(spec: dict, name: str) -> dict:
+    """A node's input slot as the frontend saves it (an autogrow slot ``<input>.<prefix><n>`` is optional: shape 7)."""
+    if spec["name"] != name:  # a slot of an autogrow input
+        return {"name": name, "label": name.split(".", 1)[1], "localized_name": name.split(".", 1)[1],
+                "shape": 7, "type": spec["slot_type"], "link": None}
+    entry = {"name": name, "localized_name": name, "type": spec["type"], "link": None}
+    if spec["widget"]:
+        entry["widget"] = {"name": name}
+    return entry
+
+
+def build(name: str, nodes: list[tuple], rows: list[list], under: dict[int, int] | None = None,
+          core_graph: bool = False) -> dict:
+    """nodes: (id, type, widget values, {input: (src id, src slot)}); rows: the node ids of each row, left to right
+    (a list of ids: a column of nodes one below the other); under: node ids placed below another (see ``layout``).
+    The pack's nodes save every input slot (its widgets' too); in a ``core_graph`` ComfyUI's own nodes come from the
+    snapshot of its nodes and save their link inputs and those that are linked, as ComfyUI's own templates do."""
     where = layout(nodes, rows, under)
+    types = {n[0]: n[1] for n in nodes}
     links, link_id = [], 0
     out_links: dict[tuple, list] = {}
     node_objs = []
@@ -119,36 +158,39 @@ def build(name: str, nodes: list[tuple], rows: list[list[int]], under: dict[int,
                               "order": 0, "mode": 0, "inputs": [], "outputs": [], "properties": {},
                               "widgets_values": widgets})
             continue
-        cls = mappings[typ]
+        core = core_graph and typ in CORE["nodes"]
+        specs = {i["name"]: i for i in slots(typ, core)[0]}
+        wanted = [(n, specs[n]) for n in specs if not (core and specs[n].get("prefix"))]
+        wanted += [(c, specs[c.split(".", 1)[0]]) for c in conns if c not in specs]  # autogrow slots in use
+        unknown = sorted(c for c in conns if c.split(".", 1)[0] not in specs)
+        assert not unknown, f"{name}: {typ} has no input {unknown}"
         inputs = []
-        for iname, (ityp, opts, section) in input_specs(cls).items():
-            entry = {"name": iname, "localized_name": iname,
-                     "type": "COMBO" if isinstance(ityp, (list, tuple)) else ityp, "link": None}
-            if is_widget(ityp):
-                entry["widget"] = {"name": iname}
+        for iname, spec in wanted:
+            if core and iname not in conns and (spec["widget"] or spec["section"] == "optional"):
+                continue
+            if not core and not (iname in conns or spec["widget"] or spec["section"] == "required"):
+                continue
+            entry = input_entry(spec, iname)
             if iname in conns:
                 link_id += 1
                 src, slot = conns[iname]
-                src_cls = mappings[next(t for i, t, *_ in nodes if i == src)]
-                links.append([link_id, src, slot, nid, len(inputs), src_cls.RETURN_TYPES[slot]])
+                links.append([link_id, src, slot, nid, len(inputs), slots(types[src], core_graph)[1][slot]["type"]])
                 out_links.setdefault((src, slot), []).append(link_id)
                 entry["link"] = link_id
-            elif not is_widget(ityp) and section == "optional":
-                pass
-            if iname in conns or is_widget(ityp) or section == "required":
-                inputs.append(entry)
+            inputs.append(entry)
+        props = ({"cnr_id": "comfy-core", "ver": CORE["comfyui_version"]} if core else {"cnr_id": "comfy-h3"})
+        if core and typ in CORE_FOLDERS and widgets and widgets[0] in CORE_URLS:
+            # the frontend's missing-models dialog offers the file's download (as in ComfyUI's own templates)
+            props["models"] = [{"name": widgets[0], "url": CORE_URLS[widgets[0]], "directory": CORE_FOLDERS[typ]}]
         node_objs.append({"id": nid, "type": typ, "pos": where[nid], "size": size_of(typ), "flags": {}, "order": 0,
                           "mode": 0, "inputs": inputs, "outputs": [],
-                          "properties": {"Node name for S&R": typ, "cnr_id": "comfy-h3"},
+                          "properties": {"Node name for S&R": typ, **props},
                           "widgets_values": widgets})
     for obj in node_objs:
         if obj["type"] == NOTE_TYPE:
             continue
-        cls = mappings[obj["type"]]
-        names = getattr(cls, "RETURN_NAMES", None) or cls.RETURN_TYPES
-        obj["outputs"] = [{"name": n, "localized_name": n, "type": t, "slot_index": i,
-                           "links": out_links.get((obj["id"], i), [])}
-                          for i, (n, t) in enumerate(zip(names, cls.RETURN_TYPES))]
+        obj["outputs"] = [{"name": o["name"], "localized_name": o["name"], "type": o["type"], "slot_index": i,
+                           "links": out_links.get((obj["id"], i), [])} for i, o in enumerate(slots(obj["type"], core_graph)[1])]
     for order, obj in enumerate(sorted(node_objs, key=lambda o: (o["pos"][1], o["pos"][0]))):
         obj["order"] = order
     return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfy-h3/{name}")), "revision": 0,
@@ -185,13 +227,14 @@ BATCH_PROMPTS = (
 
 
 def note(model: str, lora: bool = False) -> tuple:
-    """The template's first-run note: which fields to set, and the tiny random model that needs no weights."""
+    """The template's first-run note: which fields to set, and the tiny random model that needs no weights. Names
+    and values are bold, not code: the Vue nodes of frontend 1.49 draw inline code blue on the note's blue."""
     tiny = "tiny-random-fasth3" if model == FASTH3_MODEL_PATH else "tiny-random"
-    fields = "**H3LoadEncoders** and **H3RemoteDiT**" + (" (and `lora_path` on **H3LoRA**)" if lora else "")
-    text = (f"`model_path` says `{model}`. Choose your model there on {fields}, or choose `{tiny}`"
-            f"{' (and `tiny-random` for the LoRA)' if lora else ''} to try the pack without weights: a tiny random "
+    fields = "**H3LoadEncoders** and **H3RemoteDiT**" + (" (and **lora_path** on **H3LoRA**)" if lora else "")
+    text = (f"**model_path** says **{model}**. Choose your model there on {fields}, or choose **{tiny}**"
+            f"{' (and **tiny-random** for the LoRA)' if lora else ''} to try the pack without weights: a tiny random "
             f"model each machine builds on first use (its video is noise).\n\n"
-            f"**H3RemoteDiT** runs on machine B: `cluster_address` `local` starts B in this ComfyUI; for a second "
+            f"**H3RemoteDiT** runs on machine B: **cluster_address** **local** starts B in this ComfyUI; for a second "
             f"Spark see the README's *Machine B (the DiT)*.")
     return (NOTE_ID, NOTE_TYPE, [text], {})
 
@@ -208,6 +251,71 @@ def with_note(top: list[int]) -> tuple[list[list[int]], dict[int, int]]:
 
 
 DECODE_ID = 6
+
+
+#: Comfy-Org's file names, as ComfyUI's own video_minimax_h3_* templates load them (the DiT's on machine B)
+CORE_FILES = {"clip": "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors", "vae": "minimax_h3_video_vae_fp16.safetensors",
+              "audio_vae": "minimax_h3_audio_vae_fp32.safetensors",
+              "dit": "minimax_h3_fl2va_pruned_int8_convrot.safetensors",
+              "dit_ref": "minimax_h3_ref2va_pruned_int8_convrot.safetensors"}
+#: where Comfy-Org publishes A's files (ComfyUI's own templates name the same), and the folder each loader reads
+CORE_URLS = {CORE_FILES[k]: f"https://huggingface.co/Comfy-Org/MiniMax-H3/resolve/main/{d}/{CORE_FILES[k]}"
+             for k, d in (("clip", "text_encoders"), ("vae", "vae"), ("audio_vae", "vae"))}
+CORE_FOLDERS = {"CLIPLoader": "text_encoders", "VAELoader": "vae"}
+#: the sampling of ComfyUI's own H3 templates (their turbo switch off): res_multistep, simple, 20 steps
+CORE_SAMPLER, CORE_SCHEDULER, CORE_STEPS = "res_multistep", "simple", 20
+CORE_NOTE_ID = 20
+
+
+def core_graph(workflow: str) -> tuple[list[tuple], list[list]]:
+    """ComfyUI's own H3 graph (the nodes of its video_minimax_h3_* templates, flat: no subgraph), its UNETLoader
+    swapped for H3RemoteModel, and the rows: the loaders and the encode on top (the remote model first, above the
+    schedule and the guider it feeds; A's text encoder and VAEs, the input image, the encode), the sampling and the
+    outputs below (schedule, sampler and noise; the guider and the sampler, whose preview grows; the decodes; the
+    video and its save, which grows)."""
+    ref = workflow == "r2va"
+    encode = "MiniMaxH3ReferenceToVideo" if ref else "MiniMaxH3ImageToVideo"
+    conns = {"clip": (1, 0), "vae": (2, 0)}
+    widgets = [PROMPT, 832, 480, 124]
+    if ref:
+        conns.update({"audio_vae": (3, 0), "ref_images.ref_image_0": (8, 0)})
+        widgets.append("match")
+    elif workflow == "i2va":
+        conns["first_frame"] = (8, 0)
+    nodes = [
+        (1, "CLIPLoader", [CORE_FILES["clip"], "minimax", "default"], {}),
+        (2, "VAELoader", [CORE_FILES["vae"]], {}),
+        (3, "VAELoader", [CORE_FILES["audio_vae"]], {}),
+        (4, "H3RemoteModel", [CORE_FILES["dit_ref" if ref else "dit"], "bfloat16", "auto", "local", "off",
+                              "h3_dit*", "comfy_h3"], {}),
+        (5, encode, widgets, conns),
+        (6, "RandomNoise", [42, "fixed"], {}),
+        (7, "KSamplerSelect", [CORE_SAMPLER], {}),
+        (9, "BasicScheduler", [CORE_SCHEDULER, CORE_STEPS, 1.0], {"model": (4, 0)}),
+        (10, "BasicGuider", [], {"model": (4, 0), "conditioning": (5, 0)}),
+        (11, "SamplerCustomAdvanced", [], {"noise": (6, 0), "guider": (10, 0), "sampler": (7, 0), "sigmas": (9, 0),
+                                           "latent_image": (5, 1)}),
+        (12, "VAEDecode", [], {"samples": (11, 0), "vae": (2, 0)}),
+        (13, "VAEDecodeAudio", [], {"samples": (11, 0), "vae": (3, 0)}),
+        (14, "CreateVideo", [24.0, 8], {"images": (12, 0), "audio": (13, 0)}),
+        (15, "SaveVideo", [f"video/h3_core_{workflow}", "auto", "auto"], {"video": (14, 0)}),
+        core_note(workflow),
+    ]
+    top = [4, [1, 2, 3], 5, CORE_NOTE_ID]
+    if workflow != "t2va":
+        nodes.append((8, "LoadImage", ["h3_reference.png" if ref else "h3_first.png", "image"], {}))
+        top.insert(2, 8)
+    return nodes, [top, [[9, 7, 6], [10, 11], [12, 13], [14, 15]]]
+
+
+def core_note(workflow: str) -> tuple:
+    """The first-run note of a core template: which files to choose on which machine, and what runs where."""
+    dit = CORE_FILES["dit_ref" if workflow == "r2va" else "dit"]
+    text = ("**ComfyUI's own H3 graph with the DiT on machine B.** Choose A's files on **CLIPLoader** and the two "
+            "**VAELoader**s (ComfyUI's text_encoders and vae folders), and B's transformer on **H3RemoteModel** "
+            f"(shipped: **{dit}**).\n\n**cluster_address** **local** starts B in this ComfyUI; for a second Spark see "
+            "the README's *Machine B (the DiT)*. The sampler runs here; each of its forwards runs on B.")
+    return (CORE_NOTE_ID, NOTE_TYPE, [text], {})
 
 
 def write_media() -> None:
@@ -260,6 +368,11 @@ def main() -> None:
         model = next(n[2][0] for n in nodes if n[1] == "H3LoadEncoders")
         nodes = nodes + [note(model, lora=any(n[1] == "H3LoRA" for n in nodes))]
         (OUT / f"{name}.json").write_text(json.dumps(build(name, nodes, *with_note(top)), indent=1) + "\n")
+        print("wrote", OUT / f"{name}.json")
+    for workflow in ("t2va", "i2va", "r2va"):  # ComfyUI's own nodes, the DiT on B: H3RemoteModel for UNETLoader
+        name = f"h3_core_{workflow}"
+        (OUT / f"{name}.json").write_text(json.dumps(build(name, *core_graph(workflow), core_graph=True),
+                                                     indent=1) + "\n")
         print("wrote", OUT / f"{name}.json")
 
 

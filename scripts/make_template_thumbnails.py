@@ -9,11 +9,13 @@ Each card is made from the pack's own output: the template runs through the head
 (``comfy_h3_nodes.tools.runner.execute``) with the tiny random model on the embedded two-node Ray cluster, at a small
 canvas (256 x 160) and 2 steps (FastH3: the 5 it was trained for) so a run takes seconds, and the card shows frames
 of the MP4 it wrote, the waveform of its sound, the template's inputs where it has some (fl2va's first and last
-frame, ref2va's image and voice), its short title, what it does and its settings as shipped. With random weights the
+frame, ref2va's image and voice), its short title, what it does and its settings as shipped. A template of ComfyUI's
+own nodes (h3_core_*: the runner does not run ComfyUI's sampler) shows the run of the pack template of the same
+workflow, and says so. With random weights the
 frames are noise; the card says so. The seed is the template's own and the model is built from a fixed seed, so
 re-running writes the same files (same Pillow, same codecs).
 
-    python scripts/make_template_thumbnails.py                 # all six templates
+    python scripts/make_template_thumbnails.py                 # all nine templates
     python scripts/make_template_thumbnails.py h3_fl2va h3_ref2va
 
 The cards are square (the dialog draws thumbnails in a square box), CARD_SIZE pixels, each under MAX_BYTES
@@ -59,6 +61,9 @@ class Card(NamedTuple):
     caption: str
     accent: tuple[int, int, int]
     inputs: tuple[tuple[str, str], ...] = ()  # (label, file in example_workflows/inputs/)
+    #: for a template of ComfyUI's own nodes (h3_core_*, which the headless runner does not run): the pack template
+    #: of the same workflow whose run the card shows (the same model and B, the pack's own nodes on A)
+    source: str = ""
 
 
 CARDS = {
@@ -74,6 +79,12 @@ CARDS = {
                            (240, 70, 90)),
     "h3_t2va_batch": Card("Batch: a prompt list", "x4", "four prompts, one graph run, pipelined over A and B",
                           (240, 200, 40)),
+    "h3_core_t2va": Card("ComfyUI's H3 graph, DiT on B", "core", "ComfyUI's own nodes; H3RemoteModel for UNETLoader",
+                         (90, 200, 230), source="h3_t2va"),
+    "h3_core_i2va": Card("ComfyUI's H3 image to video", "core", "MiniMaxH3ImageToVideo's first frame, DiT on B",
+                         (230, 120, 60), (("first frame", "h3_first.png"),), source="h3_fl2va"),
+    "h3_core_r2va": Card("ComfyUI's H3 reference video", "core", "MiniMaxH3ReferenceToVideo's image, DiT on B",
+                         (160, 110, 240), (("reference image", "h3_reference.png"),), source="h3_ref2va"),
 }
 
 BG, PANEL, TEXT, DIM = (20, 22, 28), (34, 37, 46), (240, 242, 246), (150, 156, 170)
@@ -147,6 +158,29 @@ def prompts(api: dict) -> list[str]:
     return [enc["prompt"] for enc in nodes(api, "H3TextEncode") if isinstance(enc.get("prompt"), str)]
 
 
+def core_widgets(ui: dict) -> dict[str, list]:
+    """A template of ComfyUI's own nodes: each node type's widget values (the first node of each type)."""
+    out: dict[str, list] = {}
+    for node in ui["nodes"]:
+        out.setdefault(node["type"], node.get("widgets_values") or [])
+    return out
+
+
+def core_prompts(ui: dict) -> list[str]:
+    w = core_widgets(ui)
+    return [(w.get("MiniMaxH3ImageToVideo") or w["MiniMaxH3ReferenceToVideo"])[0]]
+
+
+def core_shipped(ui: dict) -> list[str]:
+    """What a template of ComfyUI's own nodes runs as shipped: canvas, length, sampler, steps, seed, B's file."""
+    w = core_widgets(ui)
+    _, width, height, length = (w.get("MiniMaxH3ImageToVideo") or w["MiniMaxH3ReferenceToVideo"])[:4]
+    scheduler, steps = w["BasicScheduler"][:2]
+    return [f"as shipped: {width} x {height}, {length} frames, {w['KSamplerSelect'][0]} {scheduler}, {steps} steps, "
+            f"seed {w['RandomNoise'][0]}", f"B: {w['H3RemoteModel'][0]}",
+            "ComfyUI samples on A, every forward runs on B"]
+
+
 def shipped(api: dict) -> list[str]:
     """What the template runs as shipped, from its own JSON: canvas, length, steps, seed, model (and LoRA)."""
     enc, den, dit = nodes(api, "H3TextEncode")[0], nodes(api, "H3RemoteDenoise")[0], nodes(api, "H3RemoteDiT")[0]
@@ -217,7 +251,7 @@ def label(draw: ImageDraw.ImageDraw, xy: tuple[int, int], text: str) -> None:
     draw.text(xy, fit_text(text, 14, INNER), font=font(14), fill=DIM)
 
 
-def draw_inputs(img: Image.Image, card: Card, api: dict, top: int) -> None:
+def draw_inputs(img: Image.Image, card: Card, texts: list[str], top: int) -> None:
     """The template's inputs: its media files as tiles, else its prompt(s) as text."""
     draw = ImageDraw.Draw(img)
     if card.inputs:
@@ -232,7 +266,6 @@ def draw_inputs(img: Image.Image, card: Card, api: dict, top: int) -> None:
                 picture = fit(Image.open(INPUTS / file), TILE)
             img.paste(picture, (x, top + 18))
         return
-    texts = prompts(api)
     label(draw, (MARGIN, top), "input: prompt" if len(texts) == 1 else f"input: {len(texts)} prompts, one a line")
     draw.rounded_rectangle([MARGIN, top + 18, W - MARGIN, top + 18 + TILE[1]], radius=6, fill=PANEL)
     if len(texts) == 1:
@@ -246,8 +279,15 @@ def draw_inputs(img: Image.Image, card: Card, api: dict, top: int) -> None:
 
 def compose(name: str, videos: list[pathlib.Path], api: dict) -> Image.Image:
     """The card: title, badge and caption; the template's inputs; four frames and the sound of the run's output;
-    the template's settings as shipped."""
+    the template's settings as shipped (``api``: the run's template; a core card reads its own JSON)."""
     card = CARDS[name]
+    if card.source:
+        ui = json.loads((EXAMPLES / f"{name}.json").read_text())
+        texts, settings = core_prompts(ui), core_shipped(ui)
+        made = f"output of the pack's {card.source} run, tiny random model (noise)"
+    else:
+        texts, settings = prompts(api), shipped(api)
+        made = "output of a run with the tiny random model (its frames are noise)"
     img = Image.new("RGB", CARD_SIZE, BG)
     draw = ImageDraw.Draw(img)
     draw.rectangle([0, 0, W, 5], fill=card.accent)
@@ -259,9 +299,9 @@ def compose(name: str, videos: list[pathlib.Path], api: dict) -> Image.Image:
     draw.text((MARGIN, 56), fit_text(card.caption, 17, INNER), font=font(17), fill=DIM)
 
     y = 88
-    draw_inputs(img, card, api, y)
+    draw_inputs(img, card, texts, y)
     y += 18 + TILE[1] + 14
-    label(draw, (MARGIN, y), "output of a run with the tiny random model (its frames are noise)")
+    label(draw, (MARGIN, y), made)
     frames, audio, fps = read_mp4(videos[0])
     if len(videos) > 1:  # a batch: the middle frame of each prompt's video
         shots = []
@@ -280,7 +320,7 @@ def compose(name: str, videos: list[pathlib.Path], api: dict) -> Image.Image:
     y += FRAME[1] + GAP
     img.paste(waveform(audio, (INNER, WAVE_H), card.accent), (MARGIN, y))
     y += WAVE_H + 14
-    for i, line in enumerate(shipped(api)):
+    for i, line in enumerate(settings):
         draw.text((MARGIN, y + i * LINE_H), fit_text(line, 16, INNER), font=font(16), fill=DIM if i else TEXT)
     return img
 
@@ -310,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="h3_thumbs_") as tmp:
             for name in names:
-                videos, api = run_template(name, pathlib.Path(tmp) / name)
+                videos, api = run_template(CARDS[name].source or name, pathlib.Path(tmp) / name)
                 if not videos:
                     raise RuntimeError(f"{name}: the run wrote no MP4")
                 img = compose(name, videos, api)

@@ -80,7 +80,11 @@ TERMINAL = ("execution_success", "execution_error", "execution_interrupted")
 H3_NODES = {"1": "H3LoadEncoders", "2": "H3RemoteDiT", "3": "H3TextEncode", "5": "H3RemoteDenoise",
             "6": "H3Decode", "7": "H3SaveVideo"}
 EXAMPLES = REPO / "example_workflows"
-TEMPLATES = sorted(p.stem for p in EXAMPLES.glob("*.json"))
+ALL_TEMPLATES = sorted(p.stem for p in EXAMPLES.glob("*.json"))
+#: the templates of ComfyUI's own H3 graph with H3RemoteModel (#28): run from the page (test_core_model_templates_*)
+CORE_TEMPLATES = [t for t in ALL_TEMPLATES if t.startswith("h3_core_")]
+#: the templates of the pack's own nodes
+TEMPLATES = [t for t in ALL_TEMPLATES if t not in CORE_TEMPLATES]
 TINY = "tiny-random"
 TINY_FASTH3 = "tiny-random-fasth3"  # a FastH3 template's pickers: the tiny model in FastH3's layout
 #: what a user changes in a template to try the pack without weights (everything else stays as shipped)
@@ -440,8 +444,8 @@ def test_pack_loads_with_nodes_web_files_and_routes(comfyui):
 
     # the Templates dialog: ComfyUI lists the pack's templates and serves each one's own thumbnail beside it
     status, _, body = asyncio.run(_get(comfyui, "/workflow_templates"))
-    assert status == 200 and sorted(json.loads(body)[PACK]) == TEMPLATES, body[:300]
-    for name in TEMPLATES:
+    assert status == 200 and sorted(json.loads(body)[PACK]) == ALL_TEMPLATES, body[:300]
+    for name in ALL_TEMPLATES:
         status, ctype, body = asyncio.run(_get(comfyui, f"/api/workflow_templates/{PACK}/{name}.jpg"))
         assert status == 200 and ctype == "image/jpeg" and body == (EXAMPLES / f"{name}.jpg").read_bytes(), name
 
@@ -1784,6 +1788,15 @@ def test_every_template_opens_readable_on_the_first_screen(comfyui_frontends, br
     try:
         mask = page.free_mask()
         problems = []
+        for name in CORE_TEMPLATES:  # ComfyUI's own graph: its run from the page is test_core_model_template_*
+            wf = _core_template_with_files(name)
+            page.open_file(name, wf)
+            problems += opened_problems(name, page.page, mask)
+            page.shot(f"{name}_open")
+            queued = page.page.evaluate("async () => (await window.app.graphToPrompt()).output")
+            saved = {str(n["id"]): n["type"] for n in wf["nodes"] if n["type"] != "MarkdownNote"}
+            if {k: v["class_type"] for k, v in queued.items()} != saved:
+                problems.append(f"{name}: the page queues {sorted(queued)}, the template holds {sorted(saved)}")
         for name in TEMPLATES:
             page.open_file(name, _template(name)[1])
             problems += opened_problems(name, page.page, mask)
@@ -1797,6 +1810,23 @@ def test_every_template_opens_readable_on_the_first_screen(comfyui_frontends, br
         page.assert_clean()
     finally:
         page.close()
+
+
+def _core_template_with_files(name: str) -> dict:
+    """An h3_core_* template with its loaders on the files this ComfyUI has (what its note asks a user to choose
+    first: the frontend flags a file that is not in a loader's list as an error, rightly): the Comfy-Org text
+    encoder file of the fixtures on CLIPLoader, the tiny Comfy-Org DiT of the same workflow on H3RemoteModel (the
+    VAEs' names are Comfy-Org's, present)."""
+    wf = json.loads((EXAMPLES / f"{name}.json").read_text())
+    (clip,) = [rel.split("/", 1)[1] for rel in COMFY_ORG_FILES if rel.startswith("text_encoders/")]
+    for node in wf["nodes"]:
+        if node["type"] == "CLIPLoader":
+            node["widgets_values"][0] = clip
+        elif node["type"] == "H3RemoteModel":
+            node["widgets_values"][0] = NATIVE_REF_DIT if "ref2va" in node["widgets_values"][0] else NATIVE_DIT
+        elif node["type"] == "VAELoader":
+            assert f"vae/{node['widgets_values'][0]}" in COMFY_ORG_FILES, node
+    return wf
 
 
 def _prompt_differences(queued: dict, ran: dict) -> list[str]:
@@ -2130,11 +2160,13 @@ JS_AFTER_SWAP = """async () => {
 
 
 def _tiny_core_template_prompt(prompt: dict) -> dict:
-    """ComfyUI's ``video_minimax_h3_t2v`` as the page's API prompt, with what a tiny run needs: the text encoder and
-    the VAEs from the test-only tiny nodes (ComfyUI's CLIPLoader and VAELoader build them at their released sizes),
-    the DiT on B the tiny Comfy-Org file in fp32, the turbo LoRA a tiny one, and the smallest canvas (0.1 MP, 5
-    frames, 2 steps). Everything else (the subgraph's sampler, guider, scheduler, switches, math nodes, VAEDecode,
-    VAEDecodeAudio, CreateVideo, SaveVideo) is the template's."""
+    """ComfyUI's ``video_minimax_h3_t2v`` (or one of the pack's ``h3_core_*``) as the page's API prompt, with what a
+    tiny run needs: the text encoder and the VAEs from the test-only tiny nodes (ComfyUI's CLIPLoader and VAELoader
+    build them at their released sizes), the DiT on B the tiny Comfy-Org file of the same workflow in fp32, the
+    turbo LoRA a tiny one, and the smallest canvas (0.1 MP or 64 x 64, 5 or 22 frames, 2 steps). Everything else (the subgraph's sampler, guider, scheduler, switches, math nodes, VAEDecode,
+    VAEDecodeAudio, CreateVideo, SaveVideo) is the template's.
+
+    Its forwards on B: the sampling record of ``messages``' sampler node, checked by the callers."""
     api = copy.deepcopy(prompt)
     for nid, node in api.items():
         kind, inputs = node["class_type"], node["inputs"]
@@ -2143,8 +2175,15 @@ def _tiny_core_template_prompt(prompt: dict) -> dict:
         elif kind == "VAELoader":
             api[nid] = {"class_type": "H3TestTinyVAE",
                         "inputs": {"kind": "audio" if "audio" in str(inputs.get("vae_name")) else "video", "seed": 0}}
-        elif kind == "H3RemoteModel":
-            inputs.update(unet_name=NATIVE_DIT, dtype="float32")
+        elif kind == "H3RemoteModel":  # the tiny file of the same workflow (a ref2va file: the ref2va one)
+            ref = "ref2va" in str(inputs.get("unet_name"))
+            inputs.update(unet_name=NATIVE_REF_DIT if ref else NATIVE_DIT, dtype="float32")
+        elif kind in ("MiniMaxH3ImageToVideo", "MiniMaxH3ReferenceToVideo"):  # literal sizes (ours): the smallest
+            for key, value in (("width", 64), ("height", 64), ("length", 22)):
+                if not isinstance(inputs.get(key), list):
+                    inputs[key] = value
+        elif kind == "BasicScheduler" and not isinstance(inputs.get("steps"), list):
+            inputs["steps"] = 2
         elif kind == "LoraLoaderModelOnly":
             inputs["lora_name"] = CORE_LORAS[0]
         elif kind == "PrimitiveInt":
@@ -2233,3 +2272,70 @@ def test_core_model_swap_from_unetloader_context_menu(comfyui_frontends, browser
         page.close()
         _http_json(server, "POST", f"/api/settings/{VUE_SETTING}", False)
         _http_json(server, "POST", f"/api/settings/{MISSING_MODELS_SETTING}", True)
+
+
+# ------------------------------------------------------------------------------------------------ core templates
+def test_core_model_node_snapshot_matches_comfyui(comfyui):
+    """scripts/core_nodes.json (the slots of ComfyUI's own nodes the h3_core_* templates are built from) is what
+    this ComfyUI's /object_info says of them: the same inputs in the same order and kind, the same outputs."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import snapshot_core_nodes
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    live = snapshot_core_nodes.snapshot(_http_json(comfyui, "GET", "/object_info"))
+    kept = json.loads((REPO / "scripts" / "core_nodes.json").read_text())["nodes"]
+    changed = sorted(t for t in set(live) | set(kept) if live.get(t) != kept.get(t))
+    assert not changed, (f"ComfyUI's {changed} differ from scripts/core_nodes.json: run scripts/snapshot_core_nodes.py "
+                         "and scripts/make_example_workflows.py")
+
+
+@pytest.mark.parametrize("name", CORE_TEMPLATES)
+def test_core_model_template_runs_to_mp4_from_the_page(comfyui_frontends, browser, name):
+    """Each h3_core_* template (ComfyUI's own H3 graph with H3RemoteModel in UNETLoader's place) opened as a file in
+    ComfyUI's page (the installed frontend, classic canvas): the page's API prompt (graphToPrompt, what Run sends)
+    holds every node of the template with the values it was saved with, and, queued with the tiny files
+    (:func:`_tiny_core_template_prompt`: the test's tiny text encoder and VAEs, the tiny Comfy-Org file of the same
+    workflow on B, 64 x 64, 22 frames, 2 steps), gives an H.264 + AAC MP4 whose sampler's forwards ran on B."""
+    version = _installed_frontend()
+    server = comfyui_frontends(version)
+    wf = json.loads((EXAMPLES / f"{name}.json").read_text())
+    _http_json(server, "POST", f"/api/settings/{MISSING_MODELS_SETTING}", False)  # A's real files are not here
+    page = ComfyPage(server, browser, vue=False, version=version)
+    try:
+        page.open_file(name, wf)
+        page.page.keyboard.press("Escape")
+        prompt = page.page.evaluate("async () => (await window.app.graphToPrompt()).output")
+        page.assert_clean()
+    finally:
+        page.close()
+        _http_json(server, "POST", f"/api/settings/{MISSING_MODELS_SETTING}", True)
+    saved = {str(n["id"]): n for n in wf["nodes"] if n["type"] != "MarkdownNote"}
+    assert {k: v["class_type"] for k, v in prompt.items()} == {k: n["type"] for k, n in saved.items()}, prompt
+    (remote,) = _ids(prompt, "H3RemoteModel")
+    assert prompt[remote]["inputs"]["unet_name"] == saved[remote]["widgets_values"][0], prompt[remote]
+    (enc,) = _ids(prompt, "MiniMaxH3ReferenceToVideo") or _ids(prompt, "MiniMaxH3ImageToVideo")
+    assert [prompt[enc]["inputs"][k] for k in ("prompt", "width", "height", "length")] == \
+        saved[enc]["widgets_values"][:4], prompt[enc]
+    (sched,) = _ids(prompt, "BasicScheduler")
+    assert prompt[sched]["inputs"]["steps"] == saved[sched]["widgets_values"][1]
+    if "r2va" in name:  # the reference image reaches the autogrow input the frontend names ref_images.ref_image_0
+        assert isinstance(prompt[enc]["inputs"].get("ref_images.ref_image_0"), list), prompt[enc]
+
+    api = _tiny_core_template_prompt(prompt)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright's sync API holds this thread's loop
+        pid, messages, entry = pool.submit(asyncio.run, _run(server, api)).result()
+    _ok(messages, pid)
+    (save,) = _ids(api, "SaveVideo")
+    (video,) = entry["outputs"][save]["images"]
+    facts = _mp4_facts(server.output / video["subfolder"] / video["filename"])
+    assert facts["codecs"] == {"video": "h264", "audio": "aac"}, facts
+    assert (facts["width"], facts["height"], facts["frames"]) == (64, 64, 22), facts
+    (sampler,) = _ids(api, "SamplerCustomAdvanced")
+    timings = [t for t in _of(messages, "h3.timing", pid) if t["node_type"] == "sampler"]
+    assert timings and {t["node"] for t in timings} == {sampler}, timings
+    info = timings[-1]["stages"][0]["info"]
+    # the worker by its actor name (H3RemoteModel's actor_name is the pattern h3_dit*: not a name)
+    assert info["forwards"] >= 2 and info["worker"] and "*" not in info["worker"], info
+    print(f"core_model template {name}: {info['forwards']} forwards on B ({info['worker']}), "
+          f"{timings[-1]['stages'][0]['note']}")

@@ -26,6 +26,8 @@ FREE_LEFT, FREE_TOP, MINIMAP = 60, 80, (1020, 460)  # what the frontends draw ov
 TITLE_H = 30   # LiteGraph's title bar, drawn above a node's pos
 MARGIN = 8     # screen pixels free on every side (the generator keeps 16)
 MIN_ZOOM = 0.6
+#: nodes that grow after a run: the denoise and ComfyUI's sampler (their previews), the save nodes (the video)
+GROWERS = ("H3RemoteDenoise", "H3SaveVideo", "SamplerCustomAdvanced", "SaveVideo")
 
 
 def test_there_are_templates():
@@ -75,9 +77,9 @@ def test_nodes_are_saved_at_their_drawn_size_and_do_not_overlap(path):
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
 def test_nothing_is_below_the_nodes_that_grow_after_a_run(path):
-    """The denoise shows B's preview and the save node the video after a run: no node below them to grow over."""
+    """The denoise and ComfyUI's sampler show a preview, the save nodes the video after a run: no node below them."""
     wf = json.loads(path.read_text())
-    for grower in (n for n in wf["nodes"] if n["type"] in ("H3RemoteDenoise", "H3SaveVideo")):
+    for grower in (n for n in wf["nodes"] if n["type"] in GROWERS):
         x0, x1, y = grower["pos"][0], grower["pos"][0] + grower["size"][0], grower["pos"][1]
         below = [n for n in wf["nodes"] if n is not grower and n["pos"][1] > y
                  and min(x1, n["pos"][0] + n["size"][0]) > max(x0, n["pos"][0])]
@@ -93,11 +95,19 @@ def test_each_template_says_on_the_canvas_what_to_set_before_the_first_run(path)
     notes = [n for n in wf["nodes"] if n["type"] == "MarkdownNote"]
     assert len(notes) == 1, f"{path.name}: {len(notes)} notes"
     text = notes[0]["widgets_values"][0]
+    # in bold, not backticks: frontend 1.49.6's Vue nodes draw `code` blue on the note's brown (contrast 1.8)
+    assert "`" not in text, text
+    remote = [n for n in wf["nodes"] if n["type"] == "H3RemoteModel"]
+    if remote:  # ComfyUI's own graph (h3_core_*): A's files on its loaders, B's transformer on H3RemoteModel
+        (model,) = remote
+        assert f"**{model['widgets_values'][0]}**" in text, text
+        for kind in ("CLIPLoader", "VAELoader", "H3RemoteModel"):
+            assert f"**{kind}**" in text, f"{path.name}: the note does not name {kind}"
+        return
     encoders = next(n for n in wf["nodes"] if n["type"] == "H3LoadEncoders")
     model = encoders["widgets_values"][0]
     tiny = "tiny-random-fasth3" if "FastH3" in model else "tiny-random"
-    # in bold, not backticks: frontend 1.49.6's Vue nodes draw `code` blue on the note's brown (contrast 1.8)
-    assert f"**{model}**" in text and f"**{tiny}**" in text and "`" not in text, text
+    assert f"**{model}**" in text and f"**{tiny}**" in text, text
     for node in wf["nodes"]:
         if node["type"] in ("H3LoadEncoders", "H3RemoteDiT", "H3LoRA"):
             assert f"**{node['type']}**" in text, f"{path.name}: the note does not name {node['type']}"
@@ -126,6 +136,7 @@ def test_the_note_names_only_real_inputs_and_readme_sections(path):
             if isinstance(ityp, (list, tuple)):
                 values.update(str(v) for v in ityp)
     for node in wf["nodes"]:
+        names.add(node["type"])
         names.update(i["name"] for i in node.get("inputs", []))
         if node["type"] != "MarkdownNote":
             values.update(str(v) for v in node.get("widgets_values", []))

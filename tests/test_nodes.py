@@ -20,7 +20,8 @@ from comfy_h3_nodes.nodes import NODE_CLASS_MAPPINGS
 from conftest import PROMPT
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EXAMPLES = sorted((ROOT / "example_workflows").glob("h3_*.json"))
+#: the templates of the pack's own nodes (the h3_core_* ones are ComfyUI's own graph: tests/test_core_templates.py)
+EXAMPLES = sorted(p for p in (ROOT / "example_workflows").glob("h3_*.json") if not p.stem.startswith("h3_core_"))
 SINGLE = [p for p in EXAMPLES if p.stem != "h3_t2va_batch"]  # the batch example has tests of its own (test_batch)
 TINY_SETTINGS = ["3.width=64", "3.height=64", "3.num_frames=124", "5.steps=3", "1.dtype=\"float32\"",
                  "2.dtype=\"float32\"", "2.actor_name=\"h3_dit_test\""]

@@ -54,7 +54,8 @@ def test_comfy_registry_metadata_and_pack_layout():
     assert meta["project"]["name"] and meta["project"]["version"] and meta["project"]["urls"]["Repository"]
     assert 'WEB_DIRECTORY = "./web"' in (ROOT / "__init__.py").read_text()
     assert {p.stem for p in (ROOT / "example_workflows").glob("*.json")} >= {"h3_t2va", "h3_fl2va", "h3_ref2va",
-                                                                             "h3_t2va_turbo"}
+                                                                             "h3_t2va_turbo", "h3_core_t2va",
+                                                                             "h3_core_i2va", "h3_core_r2va"}
     assert (ROOT / "web" / "h3_extension.js").is_file()
 
 

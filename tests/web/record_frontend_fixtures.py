@@ -51,7 +51,10 @@ TRACE_OUT = ROOT / "tests" / "web" / "fixtures" / "comfyui_ws_h3_trace.jsonl"
 PICKS = {"H3LoadEncoders": {"model_path": "tiny-random"},
          "H3RemoteDiT": {"model_path": "tiny-random", "cluster_address": "local"}, "H3LoRA": {"lora_path": "tiny-random"}}
 # core nodes the pack's example workflows and docs connect to (besides the frontend's default graph)
-KEEP = ["LoadImage", "LoadAudio", "PreviewAny", "PreviewImage", "EmptyImage", "CreateVideo", "SaveVideo"]
+KEEP = ["LoadImage", "LoadAudio", "PreviewAny", "PreviewImage", "EmptyImage", "CreateVideo", "SaveVideo",
+        # the h3_core_* templates: ComfyUI's own H3 graph (scripts/snapshot_core_nodes.py's CORE_TYPES)
+        "CLIPLoader", "VAELoader", "MiniMaxH3ImageToVideo", "MiniMaxH3ReferenceToVideo", "RandomNoise", "KSamplerSelect",
+        "BasicScheduler", "BasicGuider", "SamplerCustomAdvanced", "VAEDecode", "VAEDecodeAudio"]
 RECORDED_PREFIXES = ("/api/", "/internal/", "/templates/")
 # fetched directly as well: older/other frontends ask for them, the test server should know the real answer
 EXTRA_GETS = ["/api/workflow_templates", "/api/userdata/comfy.templates.json", "/api/embeddings", "/api/queue",
