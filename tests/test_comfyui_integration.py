@@ -653,7 +653,7 @@ def _write_core_loras(dit_file: pathlib.Path, folder: pathlib.Path) -> None:
 SLOW_CANVAS = (1024, 1024, 124)
 
 
-def _act_mid_sampling(comfyui, name: str, act, after_s: float = 1.0) -> tuple:
+def _act_mid_sampling(comfyui, name: str, act, after_s: float = 1.0, parallel: str = "off") -> tuple:
     """Queue the remote core graph on :data:`SLOW_CANVAS` (2 steps) and call ``act(http)`` once, ``after_s`` after
     ComfyUI starts executing the sampler: ``(prompt id, messages, seconds from the act to the prompt's end)``."""
     done: dict = {}
@@ -664,7 +664,7 @@ def _act_mid_sampling(comfyui, name: str, act, after_s: float = 1.0) -> tuple:
             done["at"] = time.monotonic()
             await act(http)
 
-    api = _core_model_prompt(True, name, steps=2, canvas=SLOW_CANVAS)
+    api = _core_model_prompt(True, name, steps=2, canvas=SLOW_CANVAS, parallel=parallel)
     pid, messages, _ = asyncio.run(_run(comfyui, api, on_message=hook))
     assert done, "the sampler never started"
     return pid, messages, time.monotonic() - done["at"]
@@ -767,6 +767,43 @@ def test_core_model_b_killed_mid_sampling_is_reported_within_10_s_and_next_promp
     _ok(messages, pid)
     st = _status(comfyui)
     assert all(w["pid"] != killed["pid"] for w in st["workers"]), st["workers"]
+
+
+def test_core_model_parallel_rank_lost_mid_sampling_leaves_the_forwards_to_b(comfyui):
+    """``parallel`` A+B on the remote MODEL, A's DiT rank killed (SIGKILL) while the group runs a forward: the
+    sampling goes on on B's worker alone (that forward and the rest run again there), the prompt succeeds, the
+    sampler's readout says which rank was lost at which forward, its latent is the one core's UNETLoader makes
+    (within the tolerance), and the next parallel prompt forms a group again and runs."""
+    warm_pid, warm, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_par_warm", parallel="A+B")))
+    _ok(warm, warm_pid)  # the group formed and A's rank loaded: the kill below lands mid-forward
+    killed: dict = {}
+
+    async def kill_a_rank(http):
+        async with http.get(f"{comfyui.base}/api/h3/status") as r:
+            rank = (await r.json())["a_rank"]
+        assert rank and rank.get("pid"), rank
+        os.kill(rank["pid"], signal.SIGKILL)
+        killed["pid"] = rank["pid"]
+
+    pid, messages, ended = _act_mid_sampling(comfyui, "core_par_lost", kill_a_rank, after_s=1.5, parallel="A+B")
+    _ok(messages, pid)
+    (t,) = [t for t in _of(messages, "h3.timing", pid) if t["node_type"] == "sampler"]
+    stage = t["stages"][0]
+    rerun = stage["info"]["rerun"]
+    assert "A's rank" in rerun and "lost at forward" in rerun and "alone" in rerun, stage["info"]
+    assert rerun in stage["note"], stage["note"]
+    print(f"core_model parallel rank lost: {rerun}; the prompt ended {ended:.1f} s after the kill")
+    local_pid, local_messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(False, "core_par_lost_local", steps=2,
+                                                                                  canvas=SLOW_CANVAS)))
+    _ok(local_messages, local_pid)
+    got, want = _latents(comfyui, "core_par_lost"), _latents(comfyui, "core_par_lost_local")
+    diffs = {k: float((got[k] - want[k]).abs().max()) for k in want}
+    assert all(d <= CORE_MODEL_TOLERANCE for d in diffs.values()), diffs
+    pid, messages, _ = asyncio.run(_run(comfyui, _core_model_prompt(True, "core_par_after", parallel="A+B")))
+    _ok(messages, pid)
+    (t,) = [t for t in _of(messages, "h3.timing", pid) if t["node_type"] == "sampler"]
+    assert len(t["stages"][0]["info"]["parallel"]["ranks"]) == 2 and not t["stages"][0]["info"]["rerun"], t
+    assert _status(comfyui)["a_rank"]["pid"] != killed["pid"]
 
 
 def _node_seconds(messages, pid, node: str) -> float:
