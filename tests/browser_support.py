@@ -205,8 +205,8 @@ class Mask(list):
 #: says whether there was one. The page boots into the frontend's default graph, whose checkpoint no test server has;
 #: that check may answer after the graph was cleared, and its panel then stays over the canvas until closed.
 JS_CLOSE_ERRORS = """() => {
-  const panels = [...document.querySelectorAll('div')].filter((d) => /\\d+ errors? found/.test(d.innerText || '')
-      && d.querySelector('button [class*="lucide--x"]'));
+  const panels = [...document.querySelectorAll('div')].filter((d) => /\\d+ errors? found|is missing a required model/
+      .test(d.innerText || '') && d.querySelector('button [class*="lucide--x"]'));
   const panel = panels.sort((a, b) => a.innerText.length - b.innerText.length)[0];
   const close = panel?.querySelector('button [class*="lucide--x"]')?.closest('button');
   if (close) close.click();
@@ -214,7 +214,8 @@ JS_CLOSE_ERRORS = """() => {
 }"""
 
 
-#: JS: the text of the frontend's "N errors found" panel, or null
+#: JS: the text of the frontend's "N errors found" panel, or null (JS_CLOSE_ERRORS above also closes the card a
+#: frontend shows for the default graph's missing model, which can answer after the free-screen mask settled)
 JS_ERRORS_PANEL = """() => {
   const panels = [...document.querySelectorAll('div')].filter((d) => /\\d+ errors? found/.test(d.innerText || ''));
   return panels.sort((a, b) => a.innerText.length - b.innerText.length)[0]?.innerText.trim() ?? null;
