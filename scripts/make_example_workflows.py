@@ -82,7 +82,7 @@ def saved_view(nodes: list[dict]) -> dict:
 def size_of(typ: str) -> list[float]:
     """A node's saved size: the largest box the frontends draw it in, without the title bar (a note: at least
     ``NOTE_SIZE``, room for its text without scrolling)."""
-    w, h = SIZES["largest"].get(typ) or SIZES.get("core", {}).get(typ) or (COL_W, 120 + TITLE_H)
+    w, h = SIZES["largest"].get(typ, (COL_W, 120 + TITLE_H))
     w, h = max(COL_W, float(w)), float(h) - TITLE_H
     if typ == NOTE_TYPE:
         w, h = max(w, NOTE_SIZE[0]), max(h, NOTE_SIZE[1])
@@ -96,13 +96,12 @@ def layout(nodes: list[tuple], rows: list[list], under: dict[int, int] | None = 
     node id: the id it goes under)."""
     types = {n[0]: n[1] for n in nodes}
     under = under or {}
-    columns = [[col] if isinstance(col, int) else list(col) for row in rows for col in row]
-    placed = [i for col in columns for i in col] + list(under)
+    placed = [i for row in rows for col in row for i in _stack(col)] + list(under)
     assert sorted(placed) == sorted(types), (sorted(placed), sorted(types))
     pos, top = {}, 0.0
     for row in rows:
         bottom = top
-        for col, stack in enumerate([c] if isinstance(c, int) else list(c) for c in row):
+        for col, stack in enumerate(_stack(c) for c in row):
             y = top
             for nid in stack:
                 pos[nid] = [col * (COL_W + GAP_X), y + TITLE_H]
@@ -113,6 +112,11 @@ def layout(nodes: list[tuple], rows: list[list], under: dict[int, int] | None = 
         x, y = pos[above]
         pos[nid] = [x, y + size_of(types[above])[1] + GAP_Y + TITLE_H]
     return pos
+
+
+def _stack(column) -> list[int]:
+    """A layout column's node ids, top to bottom (one id, or a list of them)."""
+    return [column] if isinstance(column, int) else list(column)
 
 
 def slots(typ: str, core: bool = False) -> tuple[list[dict], list[dict]]:
@@ -189,8 +193,9 @@ def build(name: str, nodes: list[tuple], rows: list[list], under: dict[int, int]
     for obj in node_objs:
         if obj["type"] == NOTE_TYPE:
             continue
+        outputs = slots(obj["type"], core_graph)[1]
         obj["outputs"] = [{"name": o["name"], "localized_name": o["name"], "type": o["type"], "slot_index": i,
-                           "links": out_links.get((obj["id"], i), [])} for i, o in enumerate(slots(obj["type"], core_graph)[1])]
+                           "links": out_links.get((obj["id"], i), [])} for i, o in enumerate(outputs)]
     for order, obj in enumerate(sorted(node_objs, key=lambda o: (o["pos"][1], o["pos"][0]))):
         obj["order"] = order
     return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfy-h3/{name}")), "revision": 0,

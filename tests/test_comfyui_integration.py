@@ -2200,10 +2200,9 @@ def _tiny_core_template_prompt(prompt: dict) -> dict:
     """ComfyUI's ``video_minimax_h3_t2v`` (or one of the pack's ``h3_core_*``) as the page's API prompt, with what a
     tiny run needs: the text encoder and the VAEs from the test-only tiny nodes (ComfyUI's CLIPLoader and VAELoader
     build them at their released sizes), the DiT on B the tiny Comfy-Org file of the same workflow in fp32, the
-    turbo LoRA a tiny one, and the smallest canvas (0.1 MP or 64 x 64, 5 or 22 frames, 2 steps). Everything else (the subgraph's sampler, guider, scheduler, switches, math nodes, VAEDecode,
-    VAEDecodeAudio, CreateVideo, SaveVideo) is the template's.
-
-    Its forwards on B: the sampling record of ``messages``' sampler node, checked by the callers."""
+    turbo LoRA a tiny one, and the smallest canvas (0.1 MP or 64 x 64, 5 or 22 frames, 2 steps). Everything else
+    (the subgraph's sampler, guider, scheduler, switches, math nodes, VAEDecode, VAEDecodeAudio, CreateVideo,
+    SaveVideo) is the template's."""
     api = copy.deepcopy(prompt)
     for nid, node in api.items():
         kind, inputs = node["class_type"], node["inputs"]

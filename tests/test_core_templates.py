@@ -66,7 +66,8 @@ def test_core_template_links_and_widgets_match_comfyuis_nodes(workflow):
         assert node["properties"]["cnr_id"] == cnr, node
         linked = {i["name"] for i in node["inputs"] if i["link"] is not None}
         if node["type"] in CORE:  # every link input ComfyUI requires is wired
-            required = {i["name"] for i in CORE[node["type"]]["inputs"] if i["section"] == "required" and not i["widget"]}
+            required = {i["name"] for i in CORE[node["type"]]["inputs"]
+                        if i["section"] == "required" and not i["widget"]}
             assert required <= linked, (node["type"], required - linked)
 
 

@@ -641,7 +641,7 @@ def with_core_files(object_info: dict) -> dict:
     for name in TEMPLATES:
         for n in template(name)["nodes"]:
             slot = {"CLIPLoader": "clip_name", "VAELoader": "vae_name", "H3RemoteModel": "unet_name"}.get(n["type"])
-            if slot and n["properties"].get("cnr_id") in ("comfy-core", "comfy-h3"):
+            if slot:
                 choices = info[n["type"]]["input"]["required"][slot][0]
                 if n["widgets_values"][0] not in choices:
                     choices.append(n["widgets_values"][0])

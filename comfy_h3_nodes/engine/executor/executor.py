@@ -221,8 +221,8 @@ class H3Executor:
     def open_sampling(self) -> RemoteSampling:
         """The forwards of one sampler run, on B's primary worker (the one this executor's health checks), or with
         ``parallel`` on the DiT group of A's rank and B's worker(s) (formed once, kept for the next samplings)."""
-        sampling = RemoteSampling(self.b, self.bclient.primary_name or self.bclient.config.name, clock_offset_s=self.clock_offset_s,
-                                  forward_timeout=self.timeouts.stall, poll=self.timeouts.poll)
+        sampling = RemoteSampling(self.b, self.bclient.primary_name or self.bclient.config.name,
+                                  clock_offset_s=self.clock_offset_s, forward_timeout=self.timeouts.stall, poll=self.timeouts.poll)
         groups, mode = self.bclient.groups, self.bclient.parallel
         if mode == "off" or groups is None:
             return sampling
