@@ -104,6 +104,7 @@ WALL_S: dict[str, float] = {}  # template -> seconds from POST /prompt to execut
 TAB_BUTTON = ('.comfy-h3-timeline-tab-button, [data-testid="comfy-h3-timeline-tab-button"], '
               '.side-bar-button[aria-label^="H3 timings"]')
 VUE_SETTING = "Comfy.VueNodes.Enabled"
+PREVIEW_SETTING = "Comfy.Execution.PreviewMethod"  # the frontend's Live preview method (per prompt)
 BROWSER_TEMPLATE = "h3_t2va_turbo"  # 4 steps: the browser runs cost little besides the decode
 #: tiny fixtures under the names Comfy-Org's files have, in ComfyUI's model folders (relative to models/)
 COMFY_ORG_FILES = {"text_encoders/qwen3vl_32b_minimax_h3_int8_convrot.safetensors": "text_encoder:int8_convrot",
@@ -1201,7 +1202,7 @@ def test_template_with_parallel_a_plus_b_runs_to_mp4(comfyui, tmp_path):
 @pytest.mark.parametrize("method", ["latent2rgb", "taesd", "none"])
 def test_denoise_shows_live_previews_as_the_preview_method_says(comfyui, tiny_ckpt, method):
     """ComfyUI's preview method for the prompt (what the frontend's setting sends): latent2rgb shows B's estimate on
-    H3RemoteDenoise through ComfyUI's progress bar, updating with the steps, and keeps the last one on the node;
+    H3RemoteDenoise through ComfyUI's progress bar, updating with the steps (the frontend keeps the last one);
     taesd (ComfyUI's taeh3 in vae_approx) has B send its latent frame and A decode it with ComfyUI's own tiny
     decoder; none shows none."""
     api, ui = _prompt(tiny_ckpt, steps=30, width=128, height=128, seed=7)
@@ -1228,10 +1229,9 @@ def test_denoise_shows_live_previews_as_the_preview_method_says(comfyui, tiny_ck
     assert readout["count"] >= len(previews) and readout["source"] == source, readout
     if method == "taesd":
         assert "A decodes it with ComfyUI's taeh3.safetensors" in readout["note"], readout
-    (kept,) = entry["outputs"]["5"]["images"]  # the last preview stays on the node
-    assert kept["type"] == "temp" and kept["filename"].startswith("h3_preview_5_")
-    status, ctype, body = asyncio.run(_get(comfyui, f"/view?filename={kept['filename']}&type=temp"))
-    assert status == 200 and body[:2] == b"\xff\xd8"
+    # the frontend keeps the last live preview on the node (as for ComfyUI's own samplers): no output image beside
+    # it, which the Vue nodes of frontend 1.58 drew as a second preview (issue #30; test_previews_in_their_place_*)
+    assert "images" not in entry["outputs"]["5"], entry["outputs"]["5"]
 
 
 def test_errors_read_as_one_sentence_on_the_node_that_owns_the_setting(comfyui, tiny_ckpt, tmp_path):
@@ -2092,6 +2092,8 @@ JS_MEDIA = """() => window.app.graph.nodes.filter((n) => ['H3RemoteDenoise', 'H3
       && getComputedStyle(e).visibility !== 'hidden' && getComputedStyle(e).display !== 'none'; };
   const rect = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
   const w = n.widgets?.find((w) => w.name === 'h3_timing');
+  const pw = n.widgets?.find((x) => x.name === '$$canvas-image-preview');
+  const ds = window.app.canvas.ds, cr = window.app.canvas.canvas.getBoundingClientRect();
   const videos = [...document.querySelectorAll('video')].filter(vis).map(rect);
   return { id: String(n.id), type: n.type, size: [n.size[0], n.size[1]], pos: [n.pos[0], n.pos[1]],
     node_rect: el ? rect(el) : null,
@@ -2104,6 +2106,8 @@ JS_MEDIA = """() => window.app.graph.nodes.filter((n) => ['H3RemoteDenoise', 'H3
       h: x.computedHeight ?? null, size: x.computeSize ? x.computeSize(n.size[0]) : null,
       lay: x.computeLayoutSize ? x.computeLayoutSize(n) : null })),
     readout: w?.element ? { rect: rect(w.element), client: w.element.clientHeight, scroll: w.element.scrollHeight } : null,
+    // the classic canvas draws node.imgs in its image widget: where that widget starts on the page
+    canvas_preview_top: pw ? (n.pos[1] + (pw.y ?? pw.last_y) + ds.offset[1]) * ds.scale + cr.top : null,
   };
 })"""
 
@@ -2111,25 +2115,36 @@ JS_MEDIA = """() => window.app.graph.nodes.filter((n) => ['H3RemoteDenoise', 'H3
 @FRONTENDS
 @MODES
 def test_previews_in_their_place_after_a_run(comfyui_frontends, browser, version, vue):
-    """Issue #30 (previews in their place), what this ComfyUI shows (its preview method is none, so H3RemoteDenoise
-    keeps no preview image here): after a run from the page, H3RemoteDenoise shows at most one image and keeps its
-    height; H3SaveVideo shows one video, inside its node's box, and no stale node.imgs beside it."""
+    """Issue #30 (previews in their place), with the frontend's Live preview method set to latent2rgb as a user
+    turns previews on: after a run from the page H3RemoteDenoise shows its last preview once (Vue nodes of 1.58 drew
+    the pack's kept output image beside the frontend's own kept preview) and a readout that shows all its lines;
+    H3SaveVideo shows one video, inside its node's box, and no
+    stale node.imgs beside it."""
     server = comfyui_frontends(version)
+    _http_json(server, "POST", f"/api/settings/{PREVIEW_SETTING}", "latent2rgb")
     page = ComfyPage(server, browser, vue=vue, version=version)
     try:
         page.open_file(BROWSER_TEMPLATE, _template(BROWSER_TEMPLATE)[1])
         page.settle(800)
-        before = {n["type"]: n for n in page.page.evaluate(JS_MEDIA)}
-        _queue_and_wait(page)
+        run = _queue_and_wait(page)
         page.settle(1500)
         after = {n["type"]: n for n in page.page.evaluate(JS_MEDIA)}
         boxes = {b["type"]: b["box"] for b in page.boxes()}
         page.shot("media_after")
         den, save = after["H3RemoteDenoise"], after["H3SaveVideo"]
-        if vue:
-            assert len(den["dom_imgs"]) <= 1, den
-            if not den["dom_imgs"]:  # no preview kept: the node keeps the height it opened with
-                assert abs(den["size"][1] - before["H3RemoteDenoise"]["size"][1]) <= 1, (before["H3RemoteDenoise"], den)
+        (timing,) = [t for t in run["timings"] if t["node_type"] == "H3RemoteDenoise"]
+        assert timing["summary"]["preview"].get("count", 0) >= 1, timing["summary"]["preview"]  # previews were on
+        readout = den["readout"]
+        assert readout["scroll"] <= readout["client"] + 1, ("the readout cuts its last lines", readout)
+        if vue:  # the preview is an <img> of the node's DOM
+            assert len(den["dom_imgs"]) == 1, ("H3RemoteDenoise shows its preview other than once", den)
+            image_top = den["dom_imgs"][0][1]
+        else:  # the canvas draws node.imgs in the node's image widget
+            assert [tag for tag, *_ in den["imgs"]] == ["IMG"], ("H3RemoteDenoise keeps other than one image", den)
+            image_top = den["canvas_preview_top"]
+        # where the preview starts against the readout's bottom (page px), printed: classic 1.58.1 draws the image
+        # 6.3 px above the readout's bottom (issue #30, still open), so it is not asserted yet
+        print(f"\n[h3] {version} {page.mode}: readout bottom {readout['rect'][3]:.1f}, preview top {image_top}")
         videos = [v for v in save["all_videos"]
                   if boxes["H3SaveVideo"][0] - 2 <= v[0] and v[2] <= boxes["H3SaveVideo"][2] + 2]
         assert len(videos) == 1, (save, boxes["H3SaveVideo"])
@@ -2140,6 +2155,7 @@ def test_previews_in_their_place_after_a_run(comfyui_frontends, browser, version
     finally:
         page.close()
         _http_json(server, "POST", f"/api/settings/{VUE_SETTING}", False)
+        _http_json(server, "POST", f"/api/settings/{PREVIEW_SETTING}", "default")
 
 
 CORE_T2V_TEMPLATE = "video_minimax_h3_t2v"  # ComfyUI's own template: its UNETLoader sits inside a subgraph

@@ -7,7 +7,6 @@ import functools
 import io
 import pathlib
 import threading
-import uuid
 
 import comfy.latent_formats
 import comfy.model_management
@@ -137,14 +136,6 @@ class ComfyHost:
             return None
         path = folder_paths.get_full_path("vae_approx", found[0])
         return functools.partial(_decode_preview, path, self.preview_size()), f"ComfyUI's {found[0]} (vae_approx)"
-
-    def keep_preview(self, jpeg: bytes, node_id: str | None) -> dict | None:
-        """The last preview kept on the node after the run: a file in ComfyUI's temp folder, as a ``ui`` image."""
-        name = f"h3_preview_{node_id or 'node'}_{uuid.uuid4().hex[:8]}.jpg"
-        folder = pathlib.Path(folder_paths.get_temp_directory())
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(jpeg)
-        return {"filename": name, "subfolder": "", "type": "temp"}
 
     def tokenizer_folders(self) -> list[str]:
         """The Qwen2 BPE vocabulary ComfyUI ships for its own Qwen text encoders (its H3 text encoder reads it)."""

@@ -70,7 +70,6 @@ class LocalHost:
         #: ``(decode, source)`` for the ``taesd`` method: ``decode(latent [C, h, w] float16) -> (jpeg, width,
         #: height)``; none without ComfyUI (a caller may set one)
         self.decoder: tuple[Callable, str] | None = None
-        self.kept: dict[str, bytes] = {}
 
     def hold_a_side(self, side, components) -> list:
         """Before the A side runs: what of ``components`` was released is loaded again (no host accounts for it
@@ -133,10 +132,6 @@ class LocalHost:
 
     def preview_decoder(self) -> tuple[Callable, str] | None:
         return self.decoder
-
-    def keep_preview(self, jpeg: bytes, node_id: str | None) -> dict | None:
-        self.kept[str(node_id)] = jpeg
-        return None
 
     def model_folders(self, kind: str = "diffusers") -> list[str]:
         """A's model roots without ComfyUI: ``H3_MODEL_DIRS`` (colon-separated), else none; for another ``kind``

@@ -234,12 +234,11 @@ def report(node_type: str, unique_id, records: list[StageRecord], compute_stage:
 class StepEvents:
     """An ``on_step`` for B's step events: the node's progress bar (with B's preview when one came), and
     ``h3.progress`` to the UI. A progress hook that raises (ComfyUI's, once the user interrupted) calls
-    ``on_cancel``. ``last_preview`` keeps the newest preview for the node to show after the run."""
+    ``on_cancel``."""
 
     def __init__(self, unique_id, bar=None, batch: Callable | None = None, on_cancel: Callable | None = None):
         self.unique_id, self.bar, self.batch, self.on_cancel = unique_id, bar, batch, on_cancel
         self.prompt_id = host().prompt_id()
-        self.last_preview = None
         self.restarts: list[str] = []  # why the request started over (a DiT rank lost), in order
 
     def __call__(self, ev) -> None:  # runs on the executor's thread
@@ -249,8 +248,6 @@ class StepEvents:
             return
         if ev.preview is not None and ev.preview.latent is not None:  # B's latent frame: decoded here, on A
             ev = dataclasses.replace(ev, preview=decoded_preview(ev.preview))
-        if ev.preview is not None:
-            self.last_preview = ev.preview
         if self.bar is not None:
             try:
                 self.bar.update(ev.index + 1, ev.total, ev.preview)
@@ -292,13 +289,6 @@ class StepEvents:
             h.send_event("h3.progress", event)
         except Exception as exc:  # noqa: BLE001 - a UI that went away must not stop the denoise
             log.warning("could not send h3.progress: %s", exc)
-
-    def kept(self) -> list[dict]:
-        """The last preview as the node's ``ui`` images (ComfyUI keeps it on the node), when the host keeps one."""
-        if self.last_preview is None:
-            return []
-        image = host().keep_preview(self.last_preview.jpeg, None if self.unique_id is None else str(self.unique_id))
-        return [image] if image else []
 
 
 def decoded_preview(pv):

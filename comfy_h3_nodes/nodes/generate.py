@@ -221,9 +221,9 @@ class H3RemoteDenoise:
         records = named_by_host(job.records, b_host(ex))
         extra = schedule_extra(records, params.steps) | {"total_s": time.perf_counter() - t0,
                                                          "preview": preview_readout(records, preview_note, spec)}
-        kept = events.kept()
-        ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra,
-                    ui={"images": kept} if kept else None)
+        # the last live preview stays on the node as the frontend keeps it for ComfyUI's own samplers; also giving it
+        # as the node's output image made the Vue nodes of frontend 1.58 show it twice (issue #30)
+        ui = report("H3RemoteDenoise", unique_id, records, "denoise", extra=extra)
         return {"ui": ui, "result": ([job],)}
 
 
