@@ -31,6 +31,23 @@ def _has_video_processor_config(path, subfolder, processor_dict) -> bool:
     )
 
 
+# The classmethod of `ProcessorMixin` that loads the sub-processors, by transformers version (newest first).
+_SUB_PROCESSOR_LOADERS = ("_resolve_subprocessors", "_get_arguments_from_pretrained")
+
+
+def _sub_processor_loader_name() -> str:
+    for name in _SUB_PROCESSOR_LOADERS:
+        if isinstance(ProcessorMixin.__dict__.get(name), classmethod):
+            return name
+    import transformers
+
+    raise RuntimeError(
+        f"transformers {transformers.__version__} has none of {', '.join(_SUB_PROCESSOR_LOADERS)} on ProcessorMixin, "
+        "so a Qwen3-VL processor folder without a video processor cannot be loaded without torchvision: install "
+        "torchvision, or a transformers version the pack knows (see requirements.txt)."
+    )
+
+
 def ensure_processor_compat() -> None:
     """Let a processor folder without a video processor load as `video_processor=None`.
 
@@ -38,15 +55,17 @@ def ensure_processor_compat() -> None:
     while torchvision is missing. This (idempotent) shim changes two things, and only for the case that would
     otherwise raise:
       - `ProcessorMixin.check_argument_for_proper_class` accepts `None` for a `video_processor` attribute;
-      - `ProcessorMixin._get_arguments_from_pretrained` passes `None` as the video processor of a *local*
-        processor folder that holds no video processor config at all.
+      - the classmethod that loads the sub-processors (`_resolve_subprocessors` since transformers 5.x,
+        `_get_arguments_from_pretrained` before) passes `None` as the video processor of a *local* processor folder
+        that holds no video processor config at all.
     A folder that does carry a video processor config still loads (or fails) exactly as before.
     """
     if getattr(ProcessorMixin, _COMPAT_MARKER, False):
         return
 
     original_check = ProcessorMixin.check_argument_for_proper_class
-    original_get_arguments = ProcessorMixin.__dict__["_get_arguments_from_pretrained"].__func__
+    loader_name = _sub_processor_loader_name()
+    original_get_arguments = ProcessorMixin.__dict__[loader_name].__func__
 
     def check_argument_for_proper_class(self, argument_name, argument):
         if argument is None and processing_utils._get_modality_for_attribute(argument_name) == "video_processor":
@@ -68,7 +87,7 @@ def ensure_processor_compat() -> None:
             setattr(auto_cls, "from_pretrained", saved)
 
     ProcessorMixin.check_argument_for_proper_class = check_argument_for_proper_class
-    ProcessorMixin._get_arguments_from_pretrained = classmethod(_get_arguments_from_pretrained)
+    setattr(ProcessorMixin, loader_name, classmethod(_get_arguments_from_pretrained))
     setattr(ProcessorMixin, _COMPAT_MARKER, True)
 
 
