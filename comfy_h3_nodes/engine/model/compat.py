@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import transformers
 from transformers import processing_utils
 from transformers.models.auto import video_processing_auto
 from transformers.processing_utils import ProcessorMixin
@@ -39,8 +40,6 @@ def _sub_processor_loader_name() -> str:
     for name in _SUB_PROCESSOR_LOADERS:
         if isinstance(ProcessorMixin.__dict__.get(name), classmethod):
             return name
-    import transformers
-
     raise RuntimeError(
         f"transformers {transformers.__version__} has none of {', '.join(_SUB_PROCESSOR_LOADERS)} on ProcessorMixin, "
         "so a Qwen3-VL processor folder without a video processor cannot be loaded without torchvision: install "
