@@ -145,8 +145,13 @@ function attach(node) {
   if (node.widgets?.some?.((w) => w?.name === WIDGET_NAME)) return;
   const el = createReadoutElement(document);
   reserve(el, readoutHeight(nodeClass(node)));
-  const height = () => reserved.get(el) ?? readoutHeight(nodeClass(node));
-  const widget = node.addDOMWidget(WIDGET_NAME, "h3_readout", el, {
+  // The classic canvas draws a DOM widget `margin` below its slot's top and that much above its bottom (10 units in
+  // 1.49 and 1.58): the slot holds the readout and both margins, or the readout's last line runs under the widget
+  // below it (the denoise's preview). Vue nodes lay the element out by its own height and ignore the slot.
+  let widget;
+  const margin = () => (Number.isFinite(widget?.margin) ? widget.margin : 0);
+  const height = () => (reserved.get(el) ?? readoutHeight(nodeClass(node))) + 2 * margin();
+  widget = node.addDOMWidget(WIDGET_NAME, "h3_readout", el, {
     serialize: false, hideOnZoom: false, getMinHeight: height, getMaxHeight: height,
   });
   if (widget && typeof widget === "object") widget.serialize = false; // keep it out of widgets_values
