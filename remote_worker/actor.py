@@ -59,7 +59,8 @@ def build_side(config: dict, side_class: type = BSide, **extra) -> BSide:
     def path_check(p):
         if catalog.is_tiny(str(p)):
             return catalog.tiny_lora_path(announce=log.info)
-        return model_roots.enforce({"model_dir": str(p), "model_roots": config.get("model_roots")})
+        return model_roots.enforce({"model_dir": str(p), "model_roots": config.get("model_roots"),
+                                    "search_roots": config.get("search_roots")})  # names as for the model
 
     return side_class(model_dir, partition=config.get("partition", "transformer"), dtype=config.get("dtype", "bfloat16"),
                  attention_backend=config.get("attention_backend", "sdpa"), device=config.get("device"),

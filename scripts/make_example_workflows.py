@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from comfy_h3_nodes.engine.model.catalog import FROM_MODEL  # noqa: E402
 from comfy_h3_nodes.nodes.core_model import H3RemoteModel  # noqa: E402
-from comfy_h3_nodes.nodes.loaders import DEFAULT_MODEL_PATH  # noqa: E402
+from comfy_h3_nodes.nodes.loaders import DEFAULT_LORA_PATH, DEFAULT_MODEL_PATH  # noqa: E402
 from comfy_h3_nodes.tools.runner import _mappings, input_specs, is_widget  # noqa: E402
 
 OUT = ROOT / "example_workflows"
@@ -232,11 +232,14 @@ BATCH_PROMPTS = (
 
 
 def note(model: str, lora: bool = False) -> tuple:
-    """The template's first-run note: which fields to set, and the tiny random model that needs no weights. Names
-    and values are bold, not code: the Vue nodes of frontend 1.49 draw inline code blue on the note's blue."""
+    """The template's first-run note: which fields to set, and the tiny random model that needs no weights. What to
+    do first is its heading: a note's text is 10 canvas px, 6.3 px on screen at the 0.62 a template opens with, and a
+    heading is 20 (15.7 with Vue nodes). Names and values are bold, not code: the Vue nodes of frontend 1.49 draw
+    inline code blue on the note's blue."""
     tiny = "tiny-random-fasth3" if model == FASTH3_MODEL_PATH else "tiny-random"
     fields = "**H3LoadEncoders** and **H3RemoteDiT**" + (" (and **lora_path** on **H3LoRA**)" if lora else "")
-    text = (f"**model_path** says **{model}**. Choose your model there on {fields}, or choose **{tiny}**"
+    text = (f"# Choose model_path, or {tiny}\n\n"
+            f"**model_path** says **{model}**. Choose your model there on {fields}, or choose **{tiny}**"
             f"{' (and **tiny-random** for the LoRA)' if lora else ''} to try the pack without weights: a tiny random "
             f"model each machine builds on first use (its video is noise).\n\n"
             f"**H3RemoteDiT** runs on machine B: **cluster_address** **local** starts B in this ComfyUI; for a second "
@@ -316,7 +319,8 @@ def core_graph(workflow: str) -> tuple[list[tuple], list[list]]:
 def core_note(workflow: str) -> tuple:
     """The first-run note of a core template: which files to choose on which machine, and what runs where."""
     dit = CORE_FILES["dit_ref" if workflow == "r2va" else "dit"]
-    text = ("**ComfyUI's own H3 graph with the DiT on machine B.** Choose A's files on **CLIPLoader** and the two "
+    text = ("# Choose each loader's file\n\n"
+            "**ComfyUI's own H3 graph with the DiT on machine B.** Choose A's files on **CLIPLoader** and the two "
             "**VAELoader**s (ComfyUI's text_encoders and vae folders), and B's transformer on **H3RemoteModel** "
             f"(shipped: **{dit}**).\n\n**cluster_address** **local** starts B in this ComfyUI; for a second Spark see "
             "the README's *Machine B (the DiT)*. The sampler runs here; each of its forwards runs on B.")
@@ -353,7 +357,7 @@ def main() -> None:
         # FastH3 v1: 5 sigma points (4 forwards), the schedule its checkpoint was trained for; B runs VSA-H3
         "h3_fasth3_t2va": (common("transformer", 832, 480, {}, steps=5, model=FASTH3_MODEL_PATH), [1, 3]),
         "h3_t2va_turbo": (common("transformer", 832, 480, {}, dit=(11, 0), steps=4) + [
-            (11, "H3LoRA", ["/models/loras/h3_turbo_4step.safetensors", 1.0], {"dit": (2, 0)}),
+            (11, "H3LoRA", [DEFAULT_LORA_PATH, 1.0], {"dit": (2, 0)}),
         ], [1, 3, 11]),
         "h3_fl2va": (common("transformer", 832, 480, {"keyframes": (4, 0)}) + [
             (8, "LoadImage", ["h3_first.png", "image"], {}),

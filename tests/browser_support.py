@@ -277,7 +277,103 @@ def opened_problems(name: str, page, mask: list[str]) -> list[str]:
     if errors:  # the frontend's own check of the graph (missing models, inputs or nodes) found something
         out.append(f"{name}: the frontend says {errors!r}")
     boxes = page.evaluate(JS_NODE_BOXES)
-    return out + [f"{name}: {x}" for x in overlaps(boxes) + covered(boxes, mask)]
+    cut = [f"{name}: {x}" for x in page.evaluate(JS_CUT_LABELS)]
+    notes = [f"{name}: {x}" for x in note_problems(page.evaluate(JS_NOTES))]
+    return out + cut + notes + [f"{name}: {x}" for x in overlaps(boxes) + covered(boxes, mask)]
+
+
+#: The least size (screen px) the first-run note's heading, the words a user needs first, is drawn in at the zoom a
+#: template opens with; its body text is the frontend's 10 canvas px (6.3 px at 0.62)
+NOTE_HEADING_PX = 9.5
+
+#: JS: each markdown note as drawn: its first heading's font size on screen (``null`` without one), the bottom of its
+#: last line of text and of its box (page px)
+JS_NOTES = """() => window.app.graph.nodes.filter((n) => n.type === 'MarkdownNote').map((n) => {
+  const root = document.querySelector(`[data-node-id="${n.id}"]`) || n.widgets?.[0]?.element;
+  if (!root) return { id: String(n.id), drawn: false };
+  const onScreen = (e) => parseFloat(getComputedStyle(e).fontSize) * e.getBoundingClientRect().width / (e.offsetWidth || 1);
+  const heading = root.querySelector('h1, h2, h3');
+  const texts = [...root.querySelectorAll('h1, h2, h3, h4, p, li')].filter((e) => e.getBoundingClientRect().height > 0);
+  return { id: String(n.id), drawn: true, heading: heading ? (heading.innerText || '').trim() : null,
+           heading_px: heading ? onScreen(heading) : null,
+           text_bottom: Math.max(0, ...texts.map((e) => e.getBoundingClientRect().bottom)),
+           box_bottom: root.getBoundingClientRect().bottom };
+})"""
+
+
+def note_problems(notes: list[dict]) -> list[str]:
+    """What makes a note hard to read on the first screen: no heading, a heading under ``NOTE_HEADING_PX``, text
+    that runs out of its box."""
+    out = []
+    for n in notes:
+        if not n["drawn"]:
+            out.append(f"note {n['id']} is not drawn")
+        elif n["heading_px"] is None:
+            out.append(f"note {n['id']} has no heading: its text alone is too small to read at this zoom")
+        elif n["heading_px"] < NOTE_HEADING_PX:
+            out.append(f"note {n['id']}'s heading {n['heading']!r} is {n['heading_px']:.1f} px on screen "
+                       f"(< {NOTE_HEADING_PX})")
+        if n["drawn"] and n["text_bottom"] > n["box_bottom"] + 1:
+            out.append(f"note {n['id']}'s text ends {n['text_bottom'] - n['box_bottom']:.0f} px below its box")
+    return out
+
+
+#: JS: the widget labels of the pack's nodes the page shows cut short, in words (``H3LoRA 11: lora_path drawn as 'lora_…'``). The classic
+#: canvas truncates a label to fit its value (``drawTruncatingText``: a prefix, then an ellipsis): each widget's draw
+#: is watched for the texts it draws, and one that draws a strict prefix of its label but never the label is cut. A
+#: Vue node's label is cut by CSS: an element holding just the label text that is narrower than that text.
+JS_CUT_LABELS = """() => {
+  const app = window.app, out = [];
+  const vue = !!app.extensionManager?.setting?.get?.('Comfy.VueNodes.Enabled');
+  const label = (w) => String(w.label || w.name || '');
+  // the pack's nodes, whose defaults are the pack's: 1.49.6's canvas also cuts ComfyUI's own VAELoader's vae_name
+  // to fit Comfy-Org's file names (the h3_core_* templates), as it does in ComfyUI's own templates
+  const ours = (n) => String(n.type).startsWith('H3');
+  if (vue) {
+    for (const n of app.graph.nodes.filter(ours)) {
+      const el = document.querySelector(`[data-node-id="${n.id}"]`);
+      if (!el) continue;
+      const names = new Set((n.widgets ?? []).map(label).filter(Boolean));
+      for (const e of el.querySelectorAll('*')) {
+        const text = e.children.length === 0 ? (e.textContent || '').trim() : '';
+        if (names.has(text) && e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)
+          out.push(`${n.type} ${n.id}: label ${text} shown ${e.clientWidth} px wide of ${e.scrollWidth}`);
+      }
+    }
+    return out;
+  }
+  const proto = CanvasRenderingContext2D.prototype, fillText = proto.fillText;
+  let drawing = null;
+  const drawn = new Map();
+  proto.fillText = function (text, ...rest) {
+    if (drawing) drawn.get(drawing).push(String(text));
+    return fillText.call(this, text, ...rest);
+  };
+  const wrapped = [];
+  for (const n of app.graph.nodes.filter(ours))
+    for (const w of n.widgets ?? []) {
+      if (typeof w.drawWidget !== 'function' || Object.prototype.hasOwnProperty.call(w, 'drawWidget')) continue;
+      drawn.set(w, []);
+      w.drawWidget = function (...args) {
+        drawing = w;
+        try { return Object.getPrototypeOf(w).drawWidget.apply(this, args); } finally { drawing = null; }
+      };
+      wrapped.push([n, w]);
+    }
+  try {
+    app.canvas.draw(true, true);
+  } finally {
+    proto.fillText = fillText;
+    for (const [, w] of wrapped) delete w.drawWidget;
+  }
+  for (const [n, w] of wrapped) {
+    const name = label(w), texts = drawn.get(w);
+    if (!name || texts.includes(name)) continue;
+    const prefix = texts.find((t) => t.length > 0 && t.length < name.length && name.startsWith(t));
+    if (prefix !== undefined) out.push(`${n.type} ${n.id}: ${name} drawn as '${prefix}…'`);
+  }
+  return out;
+}"""
 
 
 def overlaps(boxes: list[dict], slack: float = 1.0) -> list[str]:

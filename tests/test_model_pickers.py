@@ -343,7 +343,8 @@ def test_remote_dit_lists_b_models_before_any_run_in_local_mode(local_host, tiny
 def test_a_name_b_lists_runs_an_absolute_path_too_and_an_unknown_name_is_refused(local_host, tiny_cache, tiny_ckpt,
                                                                                   tmp_path, monkeypatch):
     """The names B lists are what H3RemoteDiT sends: B resolves them (on start and on a reconfigure), serves the
-    same model under its absolute path without reloading, and refuses a name it cannot find in one sentence."""
+    same model under its absolute path without reloading, and refuses a name it cannot find in one sentence; a LoRA
+    named under the same roots resolves the same way."""
     import ray
 
     from comfy_h3_nodes.engine.contract.errors import ModelFolderError
@@ -363,6 +364,15 @@ def test_a_name_b_lists_runs_an_absolute_path_too_and_an_unknown_name_is_refused
         cond = N.H3TextEncode().encode(enc, PROMPT, 64, 64, 124)["result"][0]
         res = asyncio.run(N.H3RemoteDenoise().denoise(ex, cond, 1, 3, unique_id="5"))
         assert res["ui"]["h3_timing"][0]["summary"]["ran"]["model"] == str(root / "MiniMax-H3")
+        # a LoRA by its name under the same roots (H3LoRA's default is such a name): B resolves it like a model
+        from comfy_h3_nodes.engine.model.tiny import build_tiny_lora
+        from comfy_h3_nodes.nodes.values import DiT
+
+        lora = build_tiny_lora(root / "loras" / "turbo.safetensors", seed=3, steps=4, shift=5.0)
+        lora_ui = N.H3LoRA().apply(DiT(ex, ()), "loras/turbo.safetensors", 1.0, unique_id="9")["ui"]
+        assert lora_ui["h3_timing"][0]["summary"]["resolved"] == str(lora.resolve())
+        with pytest.raises(Exception, match=r"no model 'loras/nope.safetensors' under its model roots"):
+            N.H3LoRA().apply(DiT(ex, ()), "loras/nope.safetensors", 1.0, unique_id="9")
         # the same model by its name again, or by its absolute path (saved workflows): nothing reloads
         assert _connect("h3_dit_names", model="MiniMax-H3")["ui"]["h3_timing"][0]["summary"]["reconfigured"] is None
         assert _connect("h3_dit_names", model=str(root / "MiniMax-H3"))["ui"]["h3_timing"][0]["summary"][

@@ -20,6 +20,9 @@ from .values import DiT, dit_parts
 
 #: what the templates name: the released model's usual place
 DEFAULT_MODEL_PATH = "/models/MiniMax-H3"
+#: the turbo template's LoRA as B names it: under B's model root (`remote_worker setup`'s default: the parent of its
+#: --model-path, /models), short enough that the canvas draws the input's label whole beside it
+DEFAULT_LORA_PATH = "loras/h3_turbo_4step.safetensors"
 
 
 #: H3LoadEncoders' optional part pickers: input name -> (ComfyUI folder kind, what the tooltip calls it)
@@ -258,8 +261,9 @@ class H3LoRA:
     def INPUT_TYPES(cls):
         return {"required": {
             "dit": ("H3_DIT",),
-            "lora_path": ("STRING", {"default": "/models/loras/h3_turbo_4step.safetensors", "tooltip": (
-                f"path on machine B; '{TINY}' is a tiny random 4-step LoRA B builds for the '{TINY}' model")}),
+            "lora_path": ("STRING", {"default": DEFAULT_LORA_PATH, "tooltip": (
+                "the LoRA file on machine B: a name relative to its model roots (as its model picker names models) "
+                f"or an absolute path; '{TINY}' is a tiny random 4-step LoRA B builds for the '{TINY}' model")}),
             "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.05}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
