@@ -54,7 +54,7 @@ def ensure_processor_compat() -> None:
     while torchvision is missing. This (idempotent) shim changes two things, and only for the case that would
     otherwise raise:
       - `ProcessorMixin.check_argument_for_proper_class` accepts `None` for a `video_processor` attribute;
-      - the classmethod that loads the sub-processors (`_resolve_subprocessors` since transformers 5.x,
+      - the classmethod that loads the sub-processors (`_resolve_subprocessors` since transformers 5.25,
         `_get_arguments_from_pretrained` before) passes `None` as the video processor of a *local* processor folder
         that holds no video processor config at all.
     A folder that does carry a video processor config still loads (or fails) exactly as before.
