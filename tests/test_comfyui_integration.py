@@ -2082,12 +2082,14 @@ def test_batch_template_reads_from_the_page(comfyui_frontends, browser, version,
 
 #: JS: ms from the Run to now, once the page holds a playable <video> of one of the run's MP4s (a batch's node shows
 #: one of its videos at a time), else null
+#: JS expression: the <video>s the page holds, in its DOM and in H3SaveVideo's node.imgs (the classic canvas's)
+PAGE_VIDEOS = ("[...document.querySelectorAll('video'), ...window.app.graph.nodes.filter((n) => n.type === "
+               "'H3SaveVideo').flatMap((n) => n.imgs ?? [])].filter((v) => v.tagName === 'VIDEO')")
 JS_VIDEO_SHOWN = """() => {
     const run = window.__h3run;
     if (!run.videos.length) return null;
-    const kept = window.app.graph.nodes.filter((n) => n.type === 'H3SaveVideo').flatMap((n) => n.imgs ?? []);
-    const ok = [...document.querySelectorAll('video'), ...kept].some((v) => v.tagName === 'VIDEO'
-        && v.readyState >= 2 && run.videos.some((f) => decodeURIComponent(v.currentSrc || v.src || '').includes(f)));
+    const ok = """ + PAGE_VIDEOS + """.some((v) => v.readyState >= 2
+        && run.videos.some((f) => decodeURIComponent(v.currentSrc || v.src || '').includes(f)));
     return ok ? performance.now() - run.t0 : null;
 }"""
 PAGE_WALL_S: dict[str, tuple[float, float]] = {}  # template -> (s to execution_success, s to its video on the page)
@@ -2117,9 +2119,7 @@ def test_template_runs_from_the_page_to_its_video(comfyui_frontends, browser, na
         try:
             shown_ms = page.page.wait_for_function(JS_VIDEO_SHOWN, timeout=60_000).json_value()
         except Exception as exc:  # Playwright's TimeoutError: say what the page holds instead
-            held = page.page.evaluate("""() => [...document.querySelectorAll('video'), ...window.app.graph.nodes
-                .filter((n) => n.type === 'H3SaveVideo').flatMap((n) => n.imgs ?? [])]
-                .map((v) => [v.tagName, v.currentSrc || v.src, v.readyState])""")
+            held = page.page.evaluate(f"() => {PAGE_VIDEOS}.map((v) => [v.currentSrc || v.src, v.readyState])")
             raise AssertionError(f"no video of the run plays on the page 60 s after it ended: {run['videos']} vs {held}") from exc
         done_s, shown_s = run["done_ms"] / 1000, shown_ms / 1000
         PAGE_WALL_S[name] = (done_s, shown_s)
@@ -2185,8 +2185,7 @@ def test_previews_in_their_place_after_a_run(comfyui_frontends, browser, version
     """Issue #30 (previews in their place), with the frontend's Live preview method set to latent2rgb as a user
     turns previews on: after a run from the page H3RemoteDenoise shows its last preview once (Vue nodes of 1.58 drew
     the pack's kept output image beside the frontend's own kept preview) and a readout that shows all its lines;
-    H3SaveVideo shows one video, inside its node's box, and no
-    stale node.imgs beside it."""
+    H3SaveVideo shows one video, inside its node's box, and no stale node.imgs beside it."""
     server = comfyui_frontends(version)
     _http_json(server, "POST", f"/api/settings/{PREVIEW_SETTING}", "latent2rgb")
     page = ComfyPage(server, browser, vue=vue, version=version)
