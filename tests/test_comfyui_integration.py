@@ -2092,6 +2092,26 @@ JS_VIDEO_SHOWN = """() => {
         && run.videos.some((f) => decodeURIComponent(v.currentSrc || v.src || '').includes(f)));
     return ok ? performance.now() - run.t0 : null;
 }"""
+#: JS: two pixels of the classic canvas inside a node's left edge, below its title and just above its bottom: a node
+#: drawn at its size has its body's colour at both; a frame drawn before it grew shows the canvas's background below
+JS_DRAWN_TO_ITS_BOTTOM = """(type) => {
+  const c = window.app.canvas, ds = c.ds, n = window.app.graph.nodes.find((x) => x.type === type);
+  const k = c.canvas.width / c.canvas.getBoundingClientRect().width, ctx = c.canvas.getContext('2d');
+  const at = (x, y) => [...ctx.getImageData(Math.round((x + ds.offset[0]) * ds.scale * k),
+                                            Math.round((y + ds.offset[1]) * ds.scale * k), 1, 1).data];
+  const x = n.pos[0] + 3;
+  return { top: at(x, n.pos[1] + 8), bottom: at(x, n.pos[1] + n.size[1] - 12), size: [n.size[0], n.size[1]] };
+}"""
+
+
+def _assert_drawn_to_its_bottom(page, node_type: str) -> None:
+    """The classic canvas shows ``node_type`` at its size (issue #30: H3SaveVideo's video hung below a node drawn at
+    its size before the video came, until something redrew the canvas)."""
+    px = page.page.evaluate(JS_DRAWN_TO_ITS_BOTTOM, node_type)
+    assert all(abs(a - b) <= 8 for a, b in zip(px["top"], px["bottom"])), (
+        f"{node_type} is drawn shorter than its size (the canvas shows a frame from before it grew)", px)
+
+
 PAGE_WALL_S: dict[str, tuple[float, float]] = {}  # template -> (s to execution_success, s to its video on the page)
 
 
@@ -2123,6 +2143,8 @@ def test_template_runs_from_the_page_to_its_video(comfyui_frontends, browser, na
             raise AssertionError(f"no video of the run plays on the page 60 s after it ended: {run['videos']} vs {held}") from exc
         done_s, shown_s = run["done_ms"] / 1000, shown_ms / 1000
         PAGE_WALL_S[name] = (done_s, shown_s)
+        page.settle(1500)  # the node as the user sees it once it settled round its video (after the timing)
+        _assert_drawn_to_its_bottom(page, "H3SaveVideo")
         page.shot(f"{name}_from_the_page")
         page.assert_clean()
     finally:
@@ -2218,6 +2240,8 @@ def test_previews_in_their_place_after_a_run(comfyui_frontends, browser, version
         (l, t, r, b), (bl, bt, br, bb) = videos[0], boxes["H3SaveVideo"]
         assert bl - 2 <= l and r <= br + 2 and bt - 2 <= t and b <= bb + 2, ("video outside its node", videos[0], boxes)
         assert all(tag == "VIDEO" for tag, *_ in save["imgs"]), ("stale node.imgs beside the video", save["imgs"])
+        if not vue:
+            _assert_drawn_to_its_bottom(page, "H3SaveVideo")
         page.assert_clean()
     finally:
         page.close()

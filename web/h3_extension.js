@@ -156,6 +156,14 @@ function attach(node) {
   });
   if (widget && typeof widget === "object") widget.serialize = false; // keep it out of widgets_values
   readouts.set(node, el);
+  // The classic canvas grows a node while drawing it (H3SaveVideo round its video, 1.49.6) and drew it at its old
+  // size: the video hung below the node until something else redrew the canvas. A resize asks for one more frame.
+  const onResize = node.onResize;
+  node.onResize = function h3OnResize(...args) {
+    const out = onResize?.apply(this, args);
+    requestAnimationFrame(() => app.canvas?.setDirty?.(true, true));
+    return out;
+  };
   const onRemoved = node.onRemoved;
   node.onRemoved = function h3OnRemoved(...args) {
     readouts.delete(node);
