@@ -20,6 +20,13 @@ def rank_records(records: list[StageRecord], ranks: list) -> dict:
     return {"ranks": out}
 
 
+def rerun_text(lost, left: list, spent_s: float, exc: BaseException) -> str:
+    """The record's note of a request run again after ``lost`` was lost ``spent_s`` into it."""
+    return (f"re-run on {' + '.join(f'{r.machine} {r.node_ip}' for r in left)} with the same seed after "
+            f"{lost.machine}'s rank {lost.name} ({lost.node_ip}) was lost {spent_s:.1f} s into the request "
+            f"({type(exc).__name__})")
+
+
 def restart_text(lost, at: int, left: list, ranks: list) -> str:
     """``rank A lost at step 6: re-running on B`` (a B rank named when the group had several)."""
     several_b = sum(r.machine == "B" for r in ranks) > 1
