@@ -103,6 +103,20 @@ def _latents(ex, req):
     return job, job.latents()
 
 
+def _wait_until_serving(workers, bound_s: float = 120.0):
+    """Every worker answers again (a killed one restarts: max_restarts -1), each within ``bound_s``."""
+    import ray
+
+    for w in workers:
+        deadline = time.monotonic() + bound_s
+        while time.monotonic() < deadline:
+            try:
+                ray.get(w.ping.remote(), timeout=5)
+                break
+            except Exception:  # noqa: BLE001 - restarting: asked again
+                time.sleep(0.5)
+
+
 def _denoise_records(job):
     return [r for r in job.records if r.stage == "denoise"]
 
@@ -215,14 +229,7 @@ def test_a_rank_killed_mid_denoise_reruns_on_the_ranks_left(request, single, med
     assert after == list(range(39)), after  # the survivors' forwards, counted from the first again
     assert len(recs) == world - 1 or (world - 1 == 1 and len(recs) == 1)
     assert float(np.abs(job.latents().latents.data - one.latents.data).max()) < PARALLEL_TOL
-    for w in workers:  # a B worker restarts (max_restarts -1); wait until every one serves again
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                ray.get(w.ping.remote(), timeout=5)
-                break
-            except Exception:  # noqa: BLE001
-                time.sleep(0.5)
+    _wait_until_serving(workers)  # a B worker restarts (max_restarts -1)
     nxt = _denoise_records(_latents(ex, workflow_request("t2va", media, seed=19)[0])[0])
     assert len(nxt) == world and nxt[0].info["group"] != recs[0].info.get("group")  # the group formed again
 
@@ -273,14 +280,7 @@ def test_a_rank_lost_then_a_slow_one_in_the_rerun_runs_once_more_not_fails(trio,
     assert float(np.abs(job.latents().latents.data - one.latents.data).max()) < PARALLEL_TOL
     assert groups.current is None  # a broken group is never used again
     monkeypatch.undo()
-    for w in workers:  # B2 restarts (max_restarts -1); B1 was only stopped: both serve again
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                ray.get(w.ping.remote(), timeout=5)
-                break
-            except Exception:  # noqa: BLE001
-                time.sleep(0.5)
+    _wait_until_serving(workers)  # B2 restarts (max_restarts -1); B1 was only stopped
     nxt = _denoise_records(_latents(trio, workflow_request("t2va", media, seed=28)[0])[0])
     assert len(nxt) == 3 and nxt[0].info["group"] != recs[0].info.get("group")
 
