@@ -15,6 +15,8 @@ COMFYUI_DIR ?= $(abspath ../shared/comfyui)
 COMFYUI_ENV ?= .comfyui-venv
 H3_SCREENSHOTS ?= $(CURDIR)/output/comfyui-screenshots
 K ?=
+# the real-ComfyUI suite's files: every tests/test_comfyui_*.py (each starts its own ComfyUI where it needs one)
+COMFYUI_TESTS ?= $(sort $(wildcard tests/test_comfyui_*.py))
 
 venv: $(STAMP)
 
@@ -62,4 +64,4 @@ test-comfyui: browser-deps $(STAMP)
 	@py="$${COMFYUI_PYTHON:-$$($(PYTHON) scripts/comfyui_env.py --comfyui "$(COMFYUI_DIR)" --env "$(COMFYUI_ENV)" | tail -n 1)}" && \
 	  test -x "$$py" && echo "[make] real-ComfyUI suite: ComfyUI $(COMFYUI_DIR), its Python $$py, screenshots in $(H3_SCREENSHOTS)" && \
 	  COMFYUI_DIR="$(COMFYUI_DIR)" COMFYUI_PYTHON="$$py" H3_SCREENSHOTS="$(H3_SCREENSHOTS)" \
-	  $(PY) -m pytest -q tests/test_comfyui_integration.py $(if $(K),-k "$(K)") $(PYTEST_ARGS)
+	  $(PY) -m pytest -q $(COMFYUI_TESTS) $(if $(K),-k "$(K)") $(PYTEST_ARGS)
