@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import os
 import threading
 import time
@@ -72,6 +73,8 @@ class StepMonitor:
             stop = self.agree(stop)
         if stop:
             raise DenoiseCancelled(f"request {self.request_id} was cancelled before step {i + 1}/{self.total} on B")
+        if self.sync is not None:  # the work queued before this step (the first: the noise, the layout) is not its
+            self.sync()
         self._t0 = time.perf_counter()
 
     def end(self, i: int, block_state=None, components=None) -> None:
@@ -93,6 +96,18 @@ class StepMonitor:
             i, self.total, bs.latents, bs.noise_pred, sigma_next, condition_rows=int(bs.num_condition_video_rows),
             grid=(int(bs.num_latent_frames), int(bs.latent_height), int(bs.latent_width)),
             patch=tuple(components.patch_size), step_s=seconds)
+
+
+def on_device(inputs: dict, device: str) -> dict:
+    """The wire's host tensors (lists of them too) on B's device: diffusers' denoise blocks move the latents and the
+    layout there, not ``prompt_embeds``, which in one process come from a text encoder on the same device."""
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(device)
+        if isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v):
+            return type(v)(move(x) for x in v)
+        return v
+    return inputs if device == "cpu" else {k: move(v) for k, v in inputs.items()}
 
 
 class MonitorSlot:
@@ -322,6 +337,8 @@ class BSide(ComfySamplerForwards, Releasable):
         if self.precision == "fp8":
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn,
                                            compute_dtype=split.torch_dtype(self.dtype))
+            if self.device.startswith("cuda"):  # the bf16 blocks the cast freed go back to the shared pool
+                torch.cuda.empty_cache()
         apply_attention_backend(model, self.attention_backend)
         label = self.dtype if self.precision == "bf16" else f"{self.precision}/{self.dtype}"
         self.load_records.append(split.LoadRecord(partition, time.perf_counter() - t0, label, reason))
@@ -347,6 +364,7 @@ class BSide(ComfySamplerForwards, Releasable):
         setattr(self._host, old, None)
         self._adapters.pop(old, None)  # adapters lived on the old one
         self._pipes.clear()
+        gc.collect()  # diffusers' hooks make cycles: the old partition is freed now, before the next one loads
         if self.device.startswith("cuda"):
             torch.cuda.empty_cache()
         self._load_partition(partition, f"swap {old} -> {partition}")
@@ -420,7 +438,8 @@ class BSide(ComfySamplerForwards, Releasable):
             try:
                 generator = torch.Generator("cpu").manual_seed(call.seed)
                 with grouped, maybe_profile(f"denoise_{call.request_id}", cuda) as prof:
-                    out = pipe(**payload.pipeline_inputs(), num_inference_steps=call.num_inference_steps,
+                    out = pipe(**on_device(payload.pipeline_inputs(), self.device),
+                               num_inference_steps=call.num_inference_steps,
                                generator=generator, output=["latents", "audio_latents"])
                 self.last_profile = prof.path
             except DenoiseCancelled:
@@ -431,6 +450,8 @@ class BSide(ComfySamplerForwards, Releasable):
                 raise
             finally:
                 self._slot.monitor = None
+            if cuda:  # the blocks after the loop (unpacking the latents) are queued: wait for them, then read
+                torch.cuda.synchronize()
             compute_s = time.perf_counter() - t0
         result = wire.DenoisedLatents(
             request_id=call.request_id,

@@ -252,7 +252,8 @@ class ASide:
             self.ensure(NEEDS["decode"])
             pipe = self._pipe(latents.workflow, "decode")
             with self._decode_lock, maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
-                return pipe(latents=latents.latents.to_torch(), audio_latents=latents.audio_latents.to_torch(),
+                return pipe(latents=latents.latents.to_torch().to(self.device),
+                            audio_latents=latents.audio_latents.to_torch().to(self.device),
                             output_type=output_type, output=["videos", "audio", "sampling_rate"])
 
     def decode(self, latents: wire.DenoisedLatents, validated: bool = False) -> DecodedMedia:
@@ -305,10 +306,11 @@ class ASide:
         with self._use:
             self.ensure(NEEDS["decode"])
             pipe = self._pipe(latents.workflow, "decode")
-            lat = latents.latents.to_torch()
+            lat = latents.latents.to_torch().to(self.device)  # the wire's host tensors: diffusers' decode needs them
             with self._decode_lock, split_decode.serve_clips(self.vae, lat, provider, should_cancel) as log, \
                     maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
-                out = pipe(latents=lat, audio_latents=latents.audio_latents.to_torch(), output_type="np",
+                out = pipe(latents=lat, audio_latents=latents.audio_latents.to_torch().to(self.device),
+                           output_type="np",
                            output=["videos", "audio", "sampling_rate"])
         return self._media(latents, out, t0), log
 

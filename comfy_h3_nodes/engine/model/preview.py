@@ -44,8 +44,8 @@ def x0_frame(latents: torch.Tensor, velocity: torch.Tensor, sigma_next: float, *
 
 def to_rgb(frame: torch.Tensor, spec: PreviewSpec) -> torch.Tensor:
     """``[C, H, W]`` latents -> ``[H, W, 3]`` uint8, the way ComfyUI's Latent2RGB previewer maps them."""
-    w = torch.tensor(spec.factors, dtype=torch.float32)  # [C, 3]
-    b = torch.tensor(spec.bias, dtype=torch.float32)
+    w = torch.tensor(spec.factors, dtype=torch.float32, device=frame.device)  # [C, 3], on the frame's device
+    b = torch.tensor(spec.bias, dtype=torch.float32, device=frame.device)
     rgb = torch.einsum("chw,ck->hwk", frame.float(), w) + b
     return ((rgb + 1.0) / 2.0).clamp(0, 1).mul(255).to(torch.uint8)
 
@@ -85,7 +85,7 @@ class Previewer:
         x0 = x0_frame(latents, velocity, sigma_next, condition_rows=condition_rows, grid=grid, patch=patch,
                       frame=frame)
         if self.spec.method == "latent":  # A decodes it (ComfyUI's tiny decoder for H3): the frame as it is
-            latent = x0.to(torch.float16).contiguous().numpy()
+            latent = x0.to(torch.float16).cpu().contiguous().numpy()  # one frame to the host (CUDA: a copy)
             jpeg, w, h = b"", latent.shape[2], latent.shape[1]
         else:
             latent = None

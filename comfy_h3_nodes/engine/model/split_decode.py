@@ -130,6 +130,7 @@ def decode_share(vae, latents, start: int, stop: int, should_cancel: Callable[[]
         for i in range(start, stop):
             if should_cancel is not None and should_cancel():
                 raise DecodeCancelled(f"decode share stopped before clip {i + 1}/{n}: the request was cancelled")
+            _sync(inputs[i].device)  # the clip's own time: nothing queued before it (the latents' normalisation)
             t0 = time.perf_counter()
             clip = vae._decode_clip(inputs[i])
             _sync(clip.device)
