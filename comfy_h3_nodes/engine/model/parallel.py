@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import diffusers.hooks.context_parallel as cp_hooks
 import diffusers.models.attention_dispatch as attention_dispatch
@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from diffusers import ContextParallelConfig
 from diffusers.hooks.context_parallel import remove_context_parallel
+from torch.distributed.device_mesh import init_device_mesh
 
 from ..contract.errors import H3Error
 
@@ -40,8 +41,9 @@ log = logging.getLogger("comfy_h3.parallel")
 
 #: the methods a group may run: diffusers' Ulysses (any length) and ring
 METHODS = ("ulysses", "ring")
-#: backends whose forward op returns the log-sum-exp that ring attention needs (none of them runs on CPU)
-RING_BACKENDS = ("flash", "_flash_3", "sage", "_native_cudnn", "_native_flash")
+#: backends whose forward op returns the log-sum-exp that ring attention needs (none of them runs on CPU); diffusers
+#: 0.42's ``_flash_3`` does not support context parallelism, so it is not one of them
+RING_BACKENDS = ("flash", "sage", "_native_cudnn", "_native_flash")
 
 
 class ParallelError(H3Error):
@@ -76,10 +78,31 @@ class Group:
     timeout_s: float
     backend: str
     agree_group: object = None  # the gloo group of the per-step agreement (the default group on CPU)
+    meshes: dict = field(default_factory=dict)  # method -> its device mesh, made once when the group forms
+    owner: int = 0  # the thread that joined: it runs the group's collectives, and only it destroys the group
+    busy: bool = False  # a request runs on it (``applied``)
+    doomed: bool = False  # left from another thread while busy: the owner destroys it when the request ends
 
 
 _GROUP: Group | None = None
 _lock = threading.Lock()
+#: NCCL's watchdog counts from when the CPU queues a collective, and the CPU runs layers ahead of the GPU: the data
+#: collectives on CUDA get at least one forward at the largest canvas (the gloo agreement keeps the short bound)
+NCCL_TIMEOUT_ENV = "H3_NCCL_TIMEOUT_S"
+NCCL_TIMEOUT_FLOOR_S = 900.0
+
+
+def nccl_timeout_s(timeout_s: float) -> float:
+    return max(timeout_s, float(os.environ.get(NCCL_TIMEOUT_ENV, NCCL_TIMEOUT_FLOOR_S)))
+
+
+def _meshes(world: int, device: str) -> dict:
+    """The device meshes diffusers' context parallelism takes (``ContextParallelConfig.mesh``), one per method:
+    built here once per group (else ``enable_parallelism`` builds one, and new process groups, every request)."""
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    names = ("ring", "ulysses")
+    return {"ulysses": init_device_mesh(device_type, (1, world), mesh_dim_names=names),
+            "ring": init_device_mesh(device_type, (world, 1), mesh_dim_names=names)}
 
 
 def current() -> Group | None:
@@ -95,38 +118,58 @@ def join(group_id: str, address: str, rank: int, world: int, timeout_s: float, d
     with _lock:
         if _GROUP is not None:
             leave()
-        backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+        cuda = device.startswith("cuda")
+        backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
         host, port = address.rsplit(":", 1)
         t0 = time.perf_counter()
         try:
             store = dist.TCPStore(host, int(port), world, rank == 0,
                                   timeout=datetime.timedelta(seconds=join_timeout_s))
+            extra = {"device_id": torch.device(device if ":" in device else "cuda:0")} if cuda else {}
             dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                    timeout=datetime.timedelta(seconds=timeout_s))
+                                    timeout=datetime.timedelta(seconds=nccl_timeout_s(timeout_s) if cuda
+                                                               else timeout_s), **extra)
             # the per-step agreement and the start barrier: a gloo group (CPU tensors; monitored_barrier is bounded)
             agree = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+            meshes = _meshes(world, device)
         except Exception as exc:  # noqa: BLE001 - named with the group, the rank and the bound
             if dist.is_initialized():
                 dist.destroy_process_group()
             raise ParallelError(f"rank {rank} of DiT group {group_id} could not join at {address} within "
                                 f"{join_timeout_s:.0f} s: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
-        _GROUP = Group(group_id, rank, world, timeout_s, backend, agree_group=agree)
+        _GROUP = Group(group_id, rank, world, timeout_s, backend, agree_group=agree, meshes=meshes,
+                       owner=threading.get_ident())
         log.info("joined DiT group %s as rank %d of %d at %s (%s, collectives bounded by %.1f s) in %.3f s", group_id,
                  rank, world, address, backend, timeout_s, time.perf_counter() - t0)
         return _GROUP
 
 
 def leave() -> bool:
-    """Leave the current group (its peers' pending collectives fail at once instead of waiting for the timeout)."""
+    """Leave the current group (its peers' pending collectives fail at once instead of waiting for the timeout).
+    Only the thread running the group's collectives destroys it: from another thread while a request runs on it, the
+    group is left at once (``current()`` is None) and destroyed by its owner when that request ends."""
     global _GROUP
     was = _GROUP
     _GROUP = None
+    if was is not None and was.busy and threading.get_ident() != was.owner:
+        was.doomed = True
+        log.info("DiT group %s left from another thread during a request: destroyed when it ends", was.group_id)
+        if was.backend != "gloo":  # NCCL: abort (the cross-thread way) so the owner's collective ends now
+            try:
+                dist.distributed_c10d._abort_process_group()
+            except Exception as exc:  # noqa: BLE001 - the owner's collective still ends at its bound
+                log.warning("aborting DiT group %s: %s", was.group_id, exc)
+        return True
+    _destroy(was)
+    return was is not None
+
+
+def _destroy(was: Group | None) -> None:
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
         except Exception as exc:  # noqa: BLE001 - a broken group is gone either way
             log.warning("leaving DiT group %s: %s", was.group_id if was else "?", exc)
-    return was is not None
 
 
 def member(spec, what: str) -> Group:
@@ -175,12 +218,21 @@ def _all_gather_padded(tensor, dim, group):
     shards: pad each shard to the longest, gather, trim. NCCL takes the uneven gather as is."""
     t0 = time.perf_counter()
     try:
-        if "gloo" not in str(dist.get_backend(group=group)):
+        if uneven_gather_ok(str(dist.get_backend(group=group)), tensor.device.type):
             return _REAL_GATHER(tensor, dim, group)
         return _padded(tensor, dim, group)
     finally:
         if _CLOCK is not None:
             _CLOCK.add(time.perf_counter() - t0)
+
+
+def uneven_gather_ok(backend: str, device_type: str) -> bool:
+    """Whether the backend that carries a tensor on ``device_type`` takes an uneven ``all_gather``: NCCL does, gloo
+    does not. ``backend`` as ``dist.get_backend`` gives it: ``gloo``, ``nccl`` or ``cpu:gloo,cuda:nccl``."""
+    if ":" in backend:
+        parts = dict(p.split(":", 1) for p in backend.split(","))
+        backend = parts.get(device_type, parts.get("cpu", backend))
+    return backend == "nccl"
 
 
 def _padded(tensor, dim, group):
@@ -242,11 +294,25 @@ class _TimedCollectives:
 
 
 @contextlib.contextmanager
+def running(group: Group):
+    """A request runs the group's collectives on this thread: a :func:`leave` from another thread meanwhile leaves
+    at once and the group is destroyed here, when the request ends (never under a running collective)."""
+    group.busy = True
+    try:
+        yield
+    finally:
+        group.busy = False
+        if group.doomed:
+            _destroy(group)
+
+
+@contextlib.contextmanager
 def applied(model, group: Group, method: str, clock: CommClock | None = None):
     """Parallelise ``model`` over ``group`` for the length of the block (one request), then make it single-rank
     again: diffusers' hooks removed, its processors' parallel config cleared."""
-    cfg = (ContextParallelConfig(ulysses_degree=group.world, ulysses_anything=True) if method == "ulysses"
-           else ContextParallelConfig(ring_degree=group.world, ring_anything=True))
+    mesh = group.meshes.get(method)  # the group's own (a Group made by hand without one: diffusers builds it)
+    cfg = (ContextParallelConfig(ulysses_degree=group.world, ulysses_anything=True, mesh=mesh) if method == "ulysses"
+           else ContextParallelConfig(ring_degree=group.world, ring_anything=True, mesh=mesh))
     global _CLOCK
 
     def rows(module, args, kwargs):  # a torch pre-hook runs before diffusers' split (inside the forward wrapper)
@@ -262,7 +328,8 @@ def applied(model, group: Group, method: str, clock: CommClock | None = None):
         attention_dispatch.funcol = cp_hooks.funcol = _TimedCollectives(real, clock)
         _CLOCK = clock
     try:
-        yield
+        with running(group):
+            yield
     finally:
         attention_dispatch.funcol = cp_hooks.funcol = real
         _CLOCK = None
