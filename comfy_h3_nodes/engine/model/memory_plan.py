@@ -257,7 +257,8 @@ def working_bytes_b(config: dict, precision: str, dtype: str, canvas=DEFAULT_CAN
 # ---------------------------------------------------------------------------------------------------- available
 def available_memory(device: str = "cpu", limit_bytes: int | None = None) -> tuple[int, str]:
     """``(bytes, where from)``: the limit when given (parameter, then ``H3_MEMORY_LIMIT_BYTES``), else MemAvailable,
-    CUDA free memory, or on unified memory the smaller of the two (one pool, counted once)."""
+    CUDA free memory, or on unified memory MemAvailable plus what this process's allocator holds reserved but unused
+    (one pool, counted once)."""
     if limit_bytes is not None:
         return int(limit_bytes), "limit"
     env = os.environ.get(LIMIT_ENV)
@@ -271,7 +272,10 @@ def available_memory(device: str = "cpu", limit_bytes: int | None = None) -> tup
         idx = torch.device(device).index or 0
         free, total = torch.cuda.mem_get_info(idx)
         if abs(total - vm.total) < 0.2 * vm.total:
-            return min(free, vm.available), "unified memory: min(CUDA free, MemAvailable), counted once"
+            # one pool (a Spark): CUDA's free figure leaves out reclaimable page cache, MemAvailable counts it; the
+            # blocks this process's caching allocator holds unused are free to it too (and not to MemAvailable)
+            idle = max(0, torch.cuda.memory_reserved(idx) - torch.cuda.memory_allocated(idx))
+            return vm.available + idle, "unified memory: MemAvailable + this process's reserved-unused CUDA blocks"
         return free, "CUDA free"
     return vm.available, "MemAvailable"
 
