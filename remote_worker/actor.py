@@ -350,7 +350,8 @@ class DiTActorImpl(ResidentActorMixin):
                 "precision": self.config.get("precision") or "auto", "dtype": side.dtype if side else None,
                 "device": side.device if side else None,
                 "model": self.config.get("model_dir"), "model_name": self._model_name(),
-                "memory_plan": {"summary": side.memory_plan.to_dict().get("summary")} if side else None,
+                "memory_plan": {"summary": side.memory_plan.summary(), "canvas": list(side.memory_plan.canvas)}
+                if side else None,
                 "resident_bytes": self._held_bytes() if side else {}, "released": side.released if side else None,
                 "current": cur, "queue": queue, "queued_steps": queued,
                 "step_s": steps[len(steps) // 2] if steps else None}

@@ -335,7 +335,8 @@ def cmd_setup(args) -> int:
             from . import warmup  # noqa: PLC0415 - imports Ray and torch: only after main() set the token
 
             w = warmup.run(actor, args.partition, int(health["text_dim"]), args.dtype, timeout=args.start_timeout,
-                           steps=(health.get("trained_steps") or {}).get(args.partition, 2))
+                           steps=(health.get("trained_steps") or {}).get(args.partition, 2),
+                           canvases=warmup.canvases_for(health))
             print(f"warm-up: {w['workflow']} {w['steps']} step(s) in {w['seconds']:.2f} s "
                   f"(denoise {w['compute_s']:.2f} s, latents {w['latents']})", flush=True)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported in one sentence, then cleaned up

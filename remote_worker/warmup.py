@@ -18,9 +18,25 @@ from comfy_h3_nodes.engine.model.split import torch_dtype
 WORKFLOW_OF = {"transformer": "t2va", "transformer_ref": "ref2va"}
 
 
-def payload(partition: str, text_dim: int, dtype: str = "bfloat16", request_id: str | None = None):
+SMALL = (64, 64, 124)  # 124 frames: the shortest clip MiniMax-H3 makes (5 s after 17n+5)
+
+
+def canvases_for(health: dict) -> list[tuple[int, int, int]]:
+    """The canvases B warms up at: the smallest (the path works), and on CUDA also the plan's canvas (its sequence
+    length: FastH3's kernels, flash and cuDNN pick their tiles per length, so the first real request pays no tuning)."""
+    out = [SMALL]
+    canvas = tuple((health.get("memory_plan") or {}).get("canvas") or ())
+    if str(health.get("device") or "").startswith("cuda") and len(canvas) == 3 and canvas != SMALL:
+        out.append(tuple(int(x) for x in canvas))
+    return out
+
+
+def payload(partition: str, text_dim: int, dtype: str = "bfloat16", request_id: str | None = None,
+            canvas: tuple[int, int, int] = SMALL, tokens: int = 8):
+    """The warm-up's conditioning (random embeddings) for ``canvas`` (height, width, frames); the GPU bench and the
+    tests build their requests here too, so none of them can drift from the wire's fields."""
     workflow = WORKFLOW_OF[partition]
-    tokens, h, w, frames = 8, 64, 64, 124  # 124 frames: the shortest clip MiniMax-H3 makes (5 s after 17n+5)
+    h, w, frames = canvas
     gen = torch.Generator("cpu").manual_seed(0)
     extra = {}
     if workflow == "ref2va":
@@ -36,16 +52,26 @@ def payload(partition: str, text_dim: int, dtype: str = "bfloat16", request_id: 
     ).validate(text_dim=text_dim)
 
 
-def run(actor, partition: str, text_dim: int, dtype: str, timeout: float, steps: int = 2) -> dict:
-    """One warm-up denoise (two sigma points; a FastH3 partition: the ``steps`` it was trained for) through
-    ``actor``; returns its timing facts."""
-    pay = payload(partition, text_dim, dtype)
-    call = wire.DenoiseCall(pay.request_id, pay.request_id, seed=0, num_inference_steps=steps)
-    t0 = time.perf_counter()
-    latents_ref, recs_ref = actor.denoise.remote([ray.put(pay)], call, timeout)
-    records = ray.get(recs_ref, timeout=timeout)
-    latents = ray.get(latents_ref, timeout=timeout)
-    den = records[1]
-    return {"request_id": pay.request_id, "workflow": pay.workflow, "seconds": round(time.perf_counter() - t0, 3),
-            "compute_s": round(den.compute_s, 3), "steps": len(den.steps),
-            "latents": list(latents.latents.shape)}
+def call_for(pay: wire.EncodedRequest, steps: int, seed: int = 0, **kw) -> wire.DenoiseCall:
+    return wire.DenoiseCall(pay.request_id, pay.request_id, seed=seed, num_inference_steps=steps, **kw)
+
+
+def run(actor, partition: str, text_dim: int, dtype: str, timeout: float, steps: int = 2,
+        canvases: list | None = None) -> dict:
+    """Warm-up denoises (two sigma points; a FastH3 partition: the ``steps`` it was trained for) through ``actor``,
+    one per canvas of ``canvases`` (default: the smallest); returns the timing facts of the last, with each
+    canvas's seconds."""
+    out, seen = {}, []
+    for canvas in canvases or [SMALL]:
+        pay = payload(partition, text_dim, dtype, canvas=tuple(canvas))
+        call = call_for(pay, steps)
+        t0 = time.perf_counter()
+        latents_ref, recs_ref = actor.denoise.remote([ray.put(pay)], call, timeout)
+        records = ray.get(recs_ref, timeout=timeout)
+        latents = ray.get(latents_ref, timeout=timeout)
+        den = records[1]
+        seen.append({"canvas": list(canvas), "seconds": round(time.perf_counter() - t0, 3)})
+        out = {"request_id": pay.request_id, "workflow": pay.workflow, "seconds": seen[-1]["seconds"],
+               "compute_s": round(den.compute_s, 3), "steps": len(den.steps),
+               "latents": list(latents.latents.shape), "canvases": seen}
+    return out
