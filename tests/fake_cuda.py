@@ -96,7 +96,7 @@ class _Moves(TorchFunctionMode):
                 return aten._to_copy.default(t, dtype=dtype or t.dtype, device=CUDA)
         if func in (torch.tensor, torch.as_tensor) and _is_cuda_device(kwargs.get("device")):
             # the binding copies to the device below the dispatcher's Python key: build on the host, then copy
-            host = func(*args, **{**kwargs, "device": "cpu"})
+            host = func(*tree_map(lambda t: t.elem if _fake(t) else t, args), **{**kwargs, "device": "cpu"})
             return aten._to_copy.default(host, device=CUDA)
         if func is torch.Tensor.copy_ and (_fake(args[0]) or _fake(args[1])):
             return aten.copy_.default(args[0], args[1])

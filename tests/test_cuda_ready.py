@@ -128,24 +128,30 @@ def test_cuda_ready_vsa_denoise_on_cuda(tiny_fasth3):
     assert fc.cuda_ops > 100 and torch.allclose(got, ref, atol=1e-5)
 
 
-def test_cuda_ready_split_decode_and_a_decode_on_cuda(tiny_ckpt):
-    """A's decode (diffusers' decode blocks) and a split-decode share with the VAEs on ``cuda`` give the CPU's
-    frames, and each share clip's clock is read after a synchronize. Holds on today's code: the decode blocks make
-    their statistics on the execution device, ``clip_inputs`` moves the latents to the VAE's device, the share
-    synchronises per clip; this test keeps it so."""
+def test_cuda_ready_split_decode_and_a_decode_on_cuda(tiny_ckpt, media):
+    """A's encode and decode (diffusers' blocks) and a split-decode share with A's models on ``cuda`` give the CPU's
+    results, every clock read after a synchronize or a copy to the host. It failed: A's decode got the wire's
+    latents on the host while diffusers' decode block makes its statistics on the device; a share's first clip
+    started its clock with the latents' normalisation queued. (A's encode held: its output is copied to the host
+    for the wire before the clock is read.)"""
     import test_split_decode as tsd  # noqa: PLC0415 - the same latents builder as the split-decode tests
     from comfy_h3_nodes.engine.a_side.side import ASide  # noqa: PLC0415
+    from conftest import workflow_request  # noqa: PLC0415
 
     a = ASide(str(tiny_ckpt), dtype="float32")
+    req = workflow_request("fl2va", media)[0]
+    ref_enc = a.encode(req).prompt_embeds.to_torch().clone()
     lat = tsd._latents(39)
     ref = a.decode(lat)
     ref_share = a.decode_share(lat, 1, 2)
     counts = CudaCounts()
-    with on_cuda(a, "vae", "audio_vae", counts=counts, clock_log=True) as (fc, _):
-        media = a.decode(lat)
+    with on_cuda(a, "text_encoder", "vae", "audio_vae", counts=counts, clock_log=True) as (fc, _):
+        enc = a.encode(req).prompt_embeds.to_torch()
+        decoded = a.decode(lat)
         share = split_decode.decode_share(a._host.vae, lat.latents.to_torch(), 1, 2)
         clip = share.clips[0].cpu()
-    assert fc.cuda_ops > 50
+    assert fc.cuda_ops > 50 and torch.allclose(enc, ref_enc, atol=1e-5)
+    media = decoded
     assert abs(media.frames - ref.frames).max() < 1e-5 and abs(media.audio - ref.audio).max() < 1e-5
     assert torch.allclose(clip, ref_share.clips[0], atol=1e-5)
     assert counts.syncs >= 1 and unsynced_clock_reads(counts.log, counts.where) == []
