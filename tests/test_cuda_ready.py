@@ -116,9 +116,9 @@ def test_cuda_ready_remote_model_forward_rows_on_cuda(tiny_ckpt):
 
 
 def test_cuda_ready_vsa_denoise_on_cuda(tiny_fasth3):
-    """FastH3's VSA-H3 attention (torch kernel) inside B's denoise on ``cuda`` equals the CPU run. Holds on today's
-    code: the tile geometry is built on the device of the positions (``geometry(..., device)``) and the kernel makes
-    its index tensors on ``q.device``; this test keeps it so."""
+    """FastH3's VSA-H3 attention (torch kernel) inside B's denoise on ``cuda`` equals the CPU run. It failed with
+    every CUDA denoise (``prompt_embeds`` left on the host, above); VSA's own code held: the tile geometry is built on
+    the device of the positions and the kernel makes its index tensors on ``q.device``."""
     b = BSide(tiny_fasth3, dtype="float32", device="cpu", vsa_kernel="torch")
     steps = b.trained_steps()["transformer"]
     pay, call = _request(b, steps)
