@@ -235,9 +235,8 @@ def test_soak_growth_is_the_slope_after_warmup_and_the_schedule_mixes_the_day():
     samples = [(n, {"comfyui_rss": (500 if n < 20 else 900) * mib + n * mib // 10, "comfyui_threads": 40})
                for n in range(0, 101, 10)]
     g = soak.growth(samples, warmup=20)
-    assert g["comfyui_rss"]["per_100_prompts"] == pytest.approx(10.0) and g["comfyui_rss"]["unit"] == "MiB"
-    assert g["comfyui_rss"]["after_warmup"] == pytest.approx(902.0)
-    assert g["comfyui_threads"]["per_100_prompts"] == 0.0 and g["comfyui_threads"]["unit"] == "count"
+    assert g["comfyui_rss_mib"] == {"after_warmup": pytest.approx(902.0), "per_100_prompts": pytest.approx(10.0)}
+    assert g["comfyui_threads"] == {"after_warmup": 40, "per_100_prompts": 0.0}
     last = soak.pack_prompt(1, 1.0, False)
     kinds = [soak.schedule(i, last)[0] for i in range(1, 31)]
     assert kinds[6] == "requeue" and kinds[9].endswith("interrupted") and kinds[14].endswith("bad"), kinds

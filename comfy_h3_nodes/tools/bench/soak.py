@@ -345,15 +345,15 @@ def growth(samples: list[tuple[int, dict]], warmup: int) -> dict:
     for key in sorted({k for _, m in after for k in m}):
         pts = [(n, m[key]) for n, m in after if key in m]
         scale = MIB if key in SIZE_METRICS else 1
+        name = f"{key}_mib" if scale == MIB else key  # sizes in MiB, the rest counts
         if len(pts) < 2:
-            out[key] = {"after_warmup": round(pts[0][1] / scale, 3) if pts else None, "per_100_prompts": 0.0}
+            out[name] = {"after_warmup": round(pts[0][1] / scale, 3) if pts else None, "per_100_prompts": 0.0}
             continue
         mx = sum(n for n, _ in pts) / len(pts)
         my = sum(v for _, v in pts) / len(pts)
         den = sum((n - mx) ** 2 for n, _ in pts)
         slope = sum((n - mx) * (v - my) for n, v in pts) / den if den else 0.0
-        out[key] = {"after_warmup": round(pts[0][1] / scale, 3), "per_100_prompts": round(slope * 100 / scale, 3),
-                    "unit": "MiB" if scale == MIB else "count"}
+        out[name] = {"after_warmup": round(pts[0][1] / scale, 3), "per_100_prompts": round(slope * 100 / scale, 3)}
     return out
 
 
@@ -404,7 +404,7 @@ def run_soak(prompts: int, url: str | None = None, pid: int | None = None, comfy
                 os.kill(p, signal.SIGKILL)
         shutil.rmtree(root, ignore_errors=True)
     g = growth(samples, warmup)
-    sizes = [v["per_100_prompts"] for k, v in g.items() if v.get("unit") == "MiB"]
+    sizes = [v["per_100_prompts"] for k, v in g.items() if k.endswith("_mib")]
     return {"prompts": prompts, "failed_unexpectedly": len(failures), "failures": failures[:20], "growth": g,
             "worst_growth_per_100_mib": round(max(sizes), 3) if sizes else 0.0,
             "leaked_processes_after_stop": leaked, "samples": [[n, m] for n, m in samples]}
