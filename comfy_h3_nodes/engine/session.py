@@ -7,6 +7,7 @@ one resident :class:`~.a_side.ASide` per (model folder, dtype, attention backend
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -376,6 +377,7 @@ def resources(timeout: float = 5.0) -> dict:
     session folder, the pack's cache folder, and the size of each of the pack's caches here (``CACHE_SIZES``).
     Never raises; every call bounded."""
     out: dict = {"caches": {}, "object_store": {}, "ray_session_dir": None, "pack_cache_dir": str(catalog.cache_root())}
+    out["caches"]["python_objects"] = len(gc.get_objects())  # what a leak of Python objects shows in
     for name, size in list(CACHE_SIZES.items()):
         try:
             out["caches"][name] = int(size())

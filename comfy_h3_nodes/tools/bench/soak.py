@@ -4,10 +4,12 @@ Prompts alternate between the pack's t2va template (tiny-random pickers, 64x64, 
 with ``H3RemoteModel`` (tests/comfyui_test_nodes give its tiny CLIP and VAEs), queued two at a time by two clients.
 Every 4th prompt runs ``parallel`` A+B, every 5th switches its LoRA (strength on the pack's H3LoRA, core's
 LoraLoaderModelOnly on/off), every 10th is interrupted once B works on it, every 15th carries a bad input (refused
-by ``POST /prompt``), every 7th is the previous prompt again, unchanged (ComfyUI's cache). Every 10 prompts it samples
+by ``POST /prompt``), every 7th is the previous prompt again, unchanged (ComfyUI's cache), every 3rd asks for live
+previews (latent2rgb). Every 10 prompts it samples
 ComfyUI's RSS, open files and threads, the RSS of Ray's workers (B's DiT workers; A's: the rest of ComfyUI's Ray
 workers), object-store bytes per node, the number of processes, the size of Ray's session folder and the pack's cache
-folder, and the pack's own caches (A: ``/h3/status?resources=1``; B: its health's ``caches``).
+folder, the pack's own caches (A: ``/h3/status?resources=1``; B: its health's ``caches``) and the Python objects of
+ComfyUI's process.
 
 Growth per metric is the least-squares slope over the samples after the warm-up (default: the first 20 prompts),
 per 100 prompts; sizes in MiB, counts as counts. With no ``--url`` it starts ComfyUI (``--comfyui`` checkout and its
@@ -260,7 +262,8 @@ def schedule(i: int, last: dict | None) -> tuple[str, dict, str]:
     return kind, api, "ok"
 
 
-async def run_prompt(base: str, api: dict, expect: str, timeout: float = 600.0) -> tuple[bool, str, float]:
+async def run_prompt(base: str, api: dict, expect: str, timeout: float = 600.0,
+                     extra: dict | None = None) -> tuple[bool, str, float]:
     """Queue ``api`` on its own websocket client; interrupt it once its B node runs when ``expect`` says so.
     ``(as expected, how it ended, seconds)``."""
     import aiohttp  # noqa: PLC0415 - ComfyUI's own dependency; the bench runs beside it
@@ -270,7 +273,7 @@ async def run_prompt(base: str, api: dict, expect: str, timeout: float = 600.0) 
     tmo = aiohttp.ClientTimeout(total=None, sock_connect=60, sock_read=60)
     async with aiohttp.ClientSession(timeout=tmo) as http:
         async with http.ws_connect(f"{base.replace('http', 'ws', 1)}/ws?clientId={cid}", heartbeat=20) as ws:
-            async with http.post(f"{base}/prompt", json={"prompt": api, "client_id": cid}) as r:
+            async with http.post(f"{base}/prompt", json={"prompt": api, "client_id": cid, "extra_data": extra or {}}) as r:
                 answer = await r.json()
             if r.status != 200:
                 return expect == "refused", f"refused ({r.status})", time.monotonic() - t0
@@ -367,7 +370,10 @@ async def _day(base: str, prompts: int, comfy_pid, every: int, log) -> tuple[lis
             if expect == "ok" and kind != "requeue":
                 last = api
             batch.append((i, kind, api, expect))
-        results = await asyncio.gather(*(run_prompt(base, api, expect) for _, _, api, expect in batch))
+        # every 3rd prompt with live previews (B's JPEGs through ComfyUI's preview), as the frontend's setting sends
+        results = await asyncio.gather(*(run_prompt(base, api, expect,
+                                                    extra={"preview_method": "latent2rgb"} if n % 3 == 0 else None)
+                                         for n, _, api, expect in batch))
         for (n, kind, _, expect), (fine, how, secs) in zip(batch, results):
             log(f"[soak] {n:4d} {kind:18s} {how:12.12s} {secs:6.2f} s")
             if not fine:
