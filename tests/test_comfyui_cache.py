@@ -273,12 +273,12 @@ def test_cache_every_cache_mode_of_comfyui(tmp_path_factory, tiny_ckpt):
 #: the CI soak: 30 mixed prompts (``bench soak``'s day, :mod:`comfy_h3_nodes.tools.bench.soak`), growth measured from
 #: prompt 10 on (samples at 10, 20, 30)
 SOAK_PROMPTS, SOAK_WARMUP = 30, 10
-#: bounds after the warm-up, per 100 prompts. Sizes (MiB): 100, i.e. 20 MiB over the 20 prompts measured: a per-prompt
-#: leak of a payload, a preview or a model copy (1 MiB or more per prompt at these sizes) fails it, while Python's
+#: bounds after the warm-up, per 100 prompts. Sizes (MiB): 150, i.e. 30 MiB over the 20 prompts measured: a per-prompt
+#: leak of a payload, a preview or a model copy (1.5 MiB or more per prompt at these sizes) fails it, while Python's
 #: allocator and GC moving ComfyUI's RSS by tens of MiB in a short run does not; the issue's goal (20 MiB per 100
 #: prompts) is what `bench soak --prompts 200` measures (README). Counts: no process, thread or open file more per
 #: prompt (a few in all may come and go)
-SOAK_MIB_PER_100 = 100.0
+SOAK_MIB_PER_100 = 150.0
 SOAK_COUNT_PER_100 = {"processes": 10.0, "comfyui_threads": 15.0, "comfyui_open_files": 15.0}
 #: the pack's caches, each bounded by its owner: never above these however long the day
 SOAK_CACHE_LIMITS = {"a_cache_lora_sets_a": 8, "a_cache_late_reports": 4096, "a_cache_timing_records": 2000,
