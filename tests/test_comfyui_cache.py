@@ -273,13 +273,19 @@ def test_cache_every_cache_mode_of_comfyui(tmp_path_factory, tiny_ckpt):
 #: the CI soak: 30 mixed prompts (``bench soak``'s day, :mod:`comfy_h3_nodes.tools.bench.soak`), growth measured from
 #: prompt 10 on (samples at 10, 20, 30)
 SOAK_PROMPTS, SOAK_WARMUP = 30, 10
-#: bounds after the warm-up, per 100 prompts. Sizes (MiB): 150, i.e. 30 MiB over the 20 prompts measured: a per-prompt
-#: leak of a payload, a preview or a model copy (1.5 MiB or more per prompt at these sizes) fails it, while Python's
-#: allocator and GC moving ComfyUI's RSS by tens of MiB in a short run does not; the issue's goal (20 MiB per 100
-#: prompts) is what `bench soak --prompts 200` measures (README). Counts: no process, thread or open file more per
+#: bounds after the warm-up, per 100 prompts. Deterministic sizes (MiB: the object stores, Ray's session folder, the
+#: pack's cache folder): the issue's goal, 20. Processes' RSS (ComfyUI's, the Ray workers'): 400, i.e. 80 MiB over
+#: the 20 prompts measured, since a short run's RSS still moves with first uses and the allocator (30 prompts measured
+#: ComfyUI's RSS +68 MiB from prompt 10 to 30 with flat Python objects, 2026-12-04): a leak of a video or latents per
+#: prompt (4 MiB or more at these sizes) fails it; the issue's 20 MiB per 100 prompts is what `bench soak --prompts
+#: 200` measures (README). Python objects of ComfyUI's process (after a collection): 200,000, i.e. 40,000 over 20
+#: prompts (which graph ran last moves the count by tens of thousands: ComfyUI's cache holds its outputs; a request's
+#: records, payload dicts and tensors kept per prompt are thousands). Counts: no process, thread or open file more per
 #: prompt (a few in all may come and go)
-SOAK_MIB_PER_100 = 150.0
-SOAK_COUNT_PER_100 = {"processes": 10.0, "comfyui_threads": 15.0, "comfyui_open_files": 15.0}
+SOAK_MIB_PER_100 = {"comfyui_rss_mib": 400.0, "a_workers_rss_mib": 400.0, "b_workers_rss_mib": 400.0}
+SOAK_SIZE_PER_100 = 20.0
+SOAK_COUNT_PER_100 = {"processes": 10.0, "comfyui_threads": 15.0, "comfyui_open_files": 15.0,
+                      "a_cache_python_objects": 200_000.0}
 #: the pack's caches, each bounded by its owner: never above these however long the day
 SOAK_CACHE_LIMITS = {"a_cache_lora_sets_a": 8, "a_cache_late_reports": 4096, "a_cache_timing_records": 2000,
                      "a_cache_executors": 8, "a_cache_encoders": 4, "b_cache_progress": 64, "b_cache_recent": 50,
@@ -302,7 +308,8 @@ def test_soak_30_mixed_prompts_grow_nothing_past_its_bound(tmp_path):
     assert res["leaked_processes_after_stop"] == 0
     over = {}
     for name, g in res["growth"].items():
-        bound = SOAK_MIB_PER_100 if name.endswith("_mib") else SOAK_COUNT_PER_100.get(name)
+        bound = (SOAK_MIB_PER_100.get(name, SOAK_SIZE_PER_100) if name.endswith("_mib")
+                 else SOAK_COUNT_PER_100.get(name))
         if bound is not None and g["per_100_prompts"] > bound:
             over[name] = (g, bound)
     assert not over, over

@@ -374,9 +374,10 @@ CACHE_SIZES: dict = {"timing_records": lambda: len(TIMINGS.records()), "executor
 
 def resources(timeout: float = 5.0) -> dict:
     """What a long day of use could grow (``bench soak`` samples it): object-store bytes used on each Ray node, Ray's
-    session folder, the pack's cache folder, and the size of each of the pack's caches here (``CACHE_SIZES``).
-    Never raises; every call bounded."""
+    session folder, the pack's cache folder, the size of each of the pack's caches here (``CACHE_SIZES``) and the
+    Python objects of this process after a garbage collection. Never raises; every call bounded."""
     out: dict = {"caches": {}, "object_store": {}, "ray_session_dir": None, "pack_cache_dir": str(catalog.cache_root())}
+    gc.collect()  # what is garbage now is not counted (and its memory is back before the caller reads the RSS)
     out["caches"]["python_objects"] = len(gc.get_objects())  # what a leak of Python objects shows in
     for name, size in list(CACHE_SIZES.items()):
         try:
@@ -387,12 +388,20 @@ def resources(timeout: float = 5.0) -> dict:
     if ray is None or not ray.is_initialized():
         return out
     try:
-        from ray._private import internal_api, worker  # noqa: PLC0415 - Ray's own stats (the raylets' store)
+        from ray._private import worker  # noqa: PLC0415 - Ray's own stats (the raylets' store)
+        from ray._private.grpc_utils import init_grpc_channel  # noqa: PLC0415
+        from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc  # noqa: PLC0415
 
         out["ray_session_dir"] = worker._global_node.get_session_dir_path()
         for n in ray.nodes():
             if n.get("Alive"):
-                st = internal_api.node_stats(n["NodeManagerAddress"], n["NodeManagerPort"], include_memory_info=False)
+                # Ray's internal_api.node_stats opens a channel per call and never closes it: closed here
+                channel = init_grpc_channel(f"{n['NodeManagerAddress']}:{n['NodeManagerPort']}")
+                try:
+                    st = node_manager_pb2_grpc.NodeManagerServiceStub(channel).GetNodeStats(
+                        node_manager_pb2.GetNodeStatsRequest(include_memory_info=False), timeout=timeout)
+                finally:
+                    channel.close()
                 out["object_store"][n["NodeManagerAddress"]] = int(st.store_stats.object_store_bytes_used)
     except Exception as exc:  # noqa: BLE001 - reported, never raised
         out["error"] = str(exc)
