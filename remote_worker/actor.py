@@ -91,6 +91,7 @@ class DiTActorImpl(ResidentActorMixin):
         self._contexts: OrderedDict = OrderedDict()
         self._lora_sets: OrderedDict = OrderedDict()  # ComfyUI's LoRA patch sets, by the id of their object
         self.forwards = 0  # forwards served to ComfyUI's samplers
+        self.denoises = 0  # denoises served to the pack's H3RemoteDenoise
         self.interrupts: deque = deque(maxlen=8)  # the forwards a sampler's interrupt stopped, and where
         self.node_ip = ray.util.get_node_ip_address()
         self.machine = config.get("role") or "B"  # a DiT rank on A's machine (parallel denoise) says "A"
@@ -148,6 +149,7 @@ class DiTActorImpl(ResidentActorMixin):
                               load_s=result.swap_s + result.adapter_s + result.reload_s,
                               note=result.schedule_note(call.adapters), info=info)
             progress["state"] = "done"
+            self.denoises += 1
             self.recent.append({"request_id": request_id, "workflow": payload.workflow, "steps": len(result.steps),
                                 "compute_s": round(result.compute_s, 4), "finished": time.time(),
                                 "client": entry.get("client")})
@@ -392,6 +394,8 @@ class DiTActorImpl(ResidentActorMixin):
             if p is not None and "cancel_at_step" not in p:
                 p["cancel_at_step"] = len(p["steps"])
             self._cancelled.add(request_id)
+            while len(self._cancelled) > 256:  # a cancel for a request that never came: bounded, never kept
+                self._cancelled.pop()
         return True
 
     def _held_bytes(self) -> dict:
@@ -514,6 +518,11 @@ class DiTActorImpl(ResidentActorMixin):
         info["recent"] = list(self.recent)[-10:]
         info["busy"] = any(p["state"] in ("waiting", "running") for p in list(self._progress.values()))
         info["forwards"] = {"served": self.forwards, "interrupted": list(self.interrupts)}
+        info["denoises"] = {"served": self.denoises}
+        # what this worker keeps per request, each bounded (the soak watches them): progress 64, the rest below
+        info["caches"] = {"progress": len(self._progress), "queue": len(self._queue), "recent": len(self.recent),
+                          "contexts": len(self._contexts), "lora_sets": len(self._lora_sets),
+                          "cancelled": len(self._cancelled)}
         return info
 
 

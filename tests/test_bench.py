@@ -224,3 +224,49 @@ def test_a_copied_payload_is_validated_like_the_original():
     data[0, 0, 0] = 0x7FC0  # a bf16 NaN word
     with pytest.raises(wire.WireError, match="NaN or inf"):
         bad.validate(text_dim=5120)
+
+
+def test_soak_growth_is_the_slope_after_warmup_and_the_schedule_mixes_the_day():
+    """bench soak: growth per 100 prompts is the least-squares slope of the samples after the warm-up (a metric that
+    only jumps during the warm-up does not grow); the schedule has every kind of prompt the issue names."""
+    from comfy_h3_nodes.tools.bench import soak
+
+    mib = 2 ** 20
+    samples = [(n, {"comfyui_rss": (500 if n < 20 else 900) * mib + n * mib // 10, "comfyui_threads": 40})
+               for n in range(0, 101, 10)]
+    g = soak.growth(samples, warmup=20)
+    assert g["comfyui_rss_mib"] == {"after_warmup": pytest.approx(902.0), "per_100_prompts": pytest.approx(10.0)}
+    assert g["comfyui_threads"] == {"after_warmup": 40, "per_100_prompts": 0.0}
+    last = soak.pack_prompt(1, 1.0, False)
+    kinds = [soak.schedule(i, last)[0] for i in range(1, 31)]
+    assert kinds[6] == "requeue" and kinds[9].endswith("interrupted") and kinds[14].endswith("bad"), kinds
+    assert {"pack", "core"} <= set(kinds)
+    core = soak.core_prompt(2, 0.8, True)
+    assert core["4"]["inputs"]["parallel"] == "A+B" and core["30"]["inputs"]["strength_model"] == 0.8
+    assert "30" not in soak.core_prompt(2, 0.0, False)
+    assert json.loads(soak.main_json({"prompts": 1, "failed_unexpectedly": 0, "growth": g, "samples": [],
+                                      "worst_growth_per_100_mib": 10.0, "leaked_processes_after_stop": 0})).keys() == {
+        "prompts", "failed_unexpectedly", "growth", "worst_growth_per_100_mib", "leaked_processes_after_stop"}
+
+
+def test_loader_cache_key_is_the_identity_of_the_model_it_names(tmp_path):
+    """H3RemoteDiT / H3RemoteModel's IS_CHANGED (catalog.identity): the same for the same file, new when the file
+    under the name changes; a name this machine does not hold is the name alone; never B's health."""
+    import os
+
+    from comfy_h3_nodes.engine.model import catalog
+
+    f = tmp_path / "dit.safetensors"
+    f.write_bytes(b"x" * 10)
+    one = catalog.identity("dit.safetensors", [tmp_path])
+    assert one == catalog.identity(str(f)) and str(f) in one
+    f.write_bytes(b"y" * 11)
+    assert catalog.identity("dit.safetensors", [tmp_path]) != one
+    d = tmp_path / "model" / "transformer"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    folder = catalog.identity(str(tmp_path / "model"))
+    os.utime(d / "config.json", ns=(1, 1))
+    assert catalog.identity(str(tmp_path / "model")) != folder
+    assert catalog.identity("on_b_only/minimax.safetensors", [tmp_path]) == "on_b_only/minimax.safetensors"
+    assert catalog.identity("tiny-random") == catalog.identity(" tiny-random ")

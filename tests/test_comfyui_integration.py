@@ -205,9 +205,12 @@ def _random_taeh3(comfy_dir: pathlib.Path, python: str, path: pathlib.Path) -> N
 
 
 @contextlib.contextmanager
-def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path | None = None):
+def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path | None = None,
+                     cache: tuple = ("--cache-none",)):
     """A ComfyUI with this pack (and, with ``front_end_root``, another frontend version's files: ``--front-end-root``)
-    in its own folders under pytest's tmp folder; stopped with everything it started when the block ends."""
+    in its own folders under pytest's tmp folder; stopped with everything it started when the block ends. ``cache``:
+    its cache mode; by default ``--cache-none`` (every node runs every time), since this module's tests queue the
+    same graphs again and read what B did each time; ComfyUI's other cache modes: tests/test_comfyui_cache.py."""
     comfy_dir = pathlib.Path(os.environ["COMFYUI_DIR"]).resolve()
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
     assert (comfy_dir / "main.py").is_file(), f"COMFYUI_DIR={comfy_dir} holds no main.py"
@@ -251,6 +254,7 @@ def _started_comfyui(tmp_path_factory, tiny_ckpt, front_end_root: pathlib.Path |
            "--database-url", f"sqlite:///{root / 'comfyui.db'}"]
     if front_end_root is not None:
         cmd += ["--front-end-root", str(front_end_root)]
+    cmd += list(cache)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS", "VIRTUAL_ENV")}
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_DEDUP_LOGS="0",
                H3_CACHE=str(root / "h3_cache"))  # tiny-random is built on first use, as on a new machine
@@ -1124,7 +1128,7 @@ def test_t2va_prompt_runs_with_events_history_and_mp4(comfyui, tiny_ckpt, tmp_pa
     executing = {d["node"] for d in _of(messages, "executing", pid) if d["node"] is not None}
     assert executing == executed, (executing, executed)
     assert executed | cached == set(H3_NODES)
-    assert {"2", "5", "6", "7"} <= executed  # H3RemoteDiT is never cached (IS_CHANGED), so neither is what follows
+    assert {"2", "5", "6", "7"} <= executed  # this module's ComfyUI runs with --cache-none: every node runs
 
     timings = {d["node"]: d for d in _of(messages, "h3.timing", pid)}
     assert set(timings) == executed

@@ -4,7 +4,7 @@
 // every function takes the document it draws into. The glue (h3_extension.js) decides when to call them.
 
 import { batchText } from "./h3_readout.js";
-import { roleText, workerText } from "./h3_status.js";
+import { queueText, roleText, workerText } from "./h3_status.js";
 import { LEGEND, requestSummary, waterfall } from "./h3_timeline.js";
 import { fmtPercent, fmtSeconds, shortId, stageLabel } from "./h3_view.js";
 
@@ -333,6 +333,12 @@ export function renderStatus(root, m) {
     const row = el(doc, "div", m.aRank.error ? "h3-worker h3-mismatch" : "h3-worker",
                    `A's DiT rank ${workerText(m.aRank)}${m.aRank.error ? ` · ${m.aRank.error}` : ""}`);
     row.dataset.worker = "a_rank";
+    kids.push(row);
+  }
+  const waiting = queueText(m.queue);
+  if (waiting) {
+    const row = el(doc, "div", "h3-queue", waiting);
+    row.dataset.waiting = String(m.queue.length);
     kids.push(row);
   }
   for (const a of m.actors) {

@@ -121,6 +121,7 @@ export function statusModel(status, { fetchError = null } = {}) {
     if (health[role] || topo[role] || inProcess) m.roles.push(healthRole(role, health[role], topo[role], inProcess));
   }
   m.workers = workerRows(status.workers);
+  m.queue = Array.isArray(status.queue) ? status.queue.filter((q) => q && typeof q === "object") : [];
   const rank = status.a_rank && typeof status.a_rank === "object" ? status.a_rank : null;
   if (rank) m.aRank = { ...workerRows([{ ...rank, partitions: rank.partitions }])[0], error: rank.error ?? null };
   const a = health.A?.versions;
@@ -140,6 +141,22 @@ export function statusModel(status, { fetchError = null } = {}) {
   return m;
 }
 
+
+/**
+ * What waits for B, from `GET /h3/status`'s `queue` (ComfyUI's queue: the prompts holding a node that reaches B,
+ * running first, then pending in the order ComfyUI runs them): "" when none.
+ */
+export function queueText(queue) {
+  if (!Array.isArray(queue) || !queue.length) return "";
+  const running = queue.filter((q) => q.state === "running");
+  const pending = queue.filter((q) => q.state !== "running");
+  const name = (q) => `#${q.number}${q.client_id ? ` (client ${String(q.client_id).slice(0, 6)})` : ""}`;
+  const bits = [];
+  if (running.length) bits.push(`running ${running.map(name).join(", ")}`);
+  if (pending.length) bits.push(`${pending.length} pending: ${pending.slice(0, 5).map(name).join(", ")}` +
+                                (pending.length > 5 ? `, … ${pending.length - 5} more` : ""));
+  return `waiting for B: ${queue.length} prompt${queue.length === 1 ? "" : "s"} · ${bits.join(" · ")}`;
+}
 
 /** One role's status line: `{state, cls, text, title}`; `state` is the word after the role (ok, unhealthy, ...). */
 export function roleText(r) {

@@ -7,6 +7,7 @@ one resident :class:`~.a_side.ASide` per (model folder, dtype, attention backend
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
@@ -213,9 +214,59 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
                         parallel=parallel)
         ex.start()
         ex._cluster_started = CLUSTER.started
+        ex._session_key, ex._session_opts = key, {"timeouts": timeouts, "threads": threads, "actors": actors}
         _executors[key] = ex
         refresh_b_models(ex)
         return ex
+
+
+def live(ex) -> tuple[object, str]:
+    """B's health where B is used (the start of a denoise or of a sampling), for an executor a loader made earlier
+    (ComfyUI's cache hands the loader's output on without running it): ``(executor, note)``. The executor is this
+    process's executor for ``ex``'s settings (``ex`` itself, or the one that replaced it), checked now: its worker
+    found again by name when it restarted; rebuilt by :func:`dit` when B does not answer or the cluster was joined
+    again (``ex``'s actor handles are gone then). ``note`` says what changed ("" = nothing): the worker restarted,
+    B's model is released (this request reloads it), a new connection. An executor not made by :func:`dit` (a
+    caller's own, whose routing picks a live worker per request) is returned as it is."""
+    key = getattr(ex, "_session_key", None)
+    if key is None:
+        return ex, ""
+    with _lock:
+        current = _executors.get(key)
+    if current is not None and getattr(current, "_cluster_started", None) == CLUSTER.started:
+        # what the last request (or the loader) saw of B: the panel's status checks do not move it
+        before = getattr(current, "_b_seen", None) or dict((current.last_health or {}).get("B") or {})
+        try:
+            b = current.check_health()["B"]
+        except Exception:  # noqa: BLE001 - B's worker or its node went away for good: rebuilt below, once
+            pass
+        else:
+            current.reconcile_b_config(b)
+            current._b_seen = {"pid": b.get("pid")}
+            return current, _changed_note(before, b, current)
+    address, name, namespace, model_path, partition, dtype, attention_backend, precision, parallel = key
+    opts = getattr(ex, "_session_opts", {})
+    new = dit(address, name, namespace, model_path, partition, dtype, attention_backend, precision=precision,
+              parallel=parallel, timeouts=opts.get("timeouts"), threads=opts.get("threads"),
+              actors=opts.get("actors") or ex.actors)
+    b = new.last_health["B"]
+    new._b_seen = {"pid": b.get("pid")}
+    return new, (f"B's DiT worker {new.bclient.primary_name or name} found again by name (pid {b.get('pid')}): the "
+                 "connection the cached loader made had gone" + _released_note(b))
+
+
+def _released_note(b: dict) -> str:
+    rel = b.get("released")
+    return f"; B's model is released ({rel.get('cause')}): this request reloads it" if rel else ""
+
+
+def _changed_note(before: dict, b: dict, ex) -> str:
+    """What a denoise or sampling finds changed on B since the last check (the loader's, or the last request's)."""
+    note = ""
+    if before.get("pid") and b.get("pid") != before.get("pid"):
+        note = (f"B's DiT worker {ex.bclient.primary_name} restarted since the last check (pid {before.get('pid')} "
+                f"-> {b.get('pid')}): found again by name")
+    return (note + _released_note(b)).removeprefix("; ")
 
 
 def forget(name: str) -> int:
@@ -312,6 +363,48 @@ def status(timeout: float = 5.0) -> dict:
     out["encoders"] = encoders_status()
     # A's DiT rank (parallel denoise), when this process started one: its worker row (what it holds, what was released)
     out["a_rank"] = next((w for w in out["workers"] if w.get("machine") == "A"), None)
+    return out
+
+
+#: the pack's own caches in this process, by name -> a callable giving how many entries it holds now (each module
+#: that keeps one registers it: the LoRA sets put for B, the late readouts); ``status`` reports them
+CACHE_SIZES: dict = {"timing_records": lambda: len(TIMINGS.records()), "executors": lambda: len(_executors),
+                     "encoders": lambda: len(_encoders)}
+
+
+def resources(timeout: float = 5.0) -> dict:
+    """What a long day of use could grow (``bench soak`` samples it): object-store bytes used on each Ray node, Ray's
+    session folder, the pack's cache folder, the size of each of the pack's caches here (``CACHE_SIZES``) and the
+    Python objects of this process after a garbage collection. Never raises; every call bounded."""
+    out: dict = {"caches": {}, "object_store": {}, "ray_session_dir": None, "pack_cache_dir": str(catalog.cache_root())}
+    gc.collect()  # what is garbage now is not counted (and its memory is back before the caller reads the RSS)
+    out["caches"]["python_objects"] = len(gc.get_objects())  # what a leak of Python objects shows in
+    for name, size in list(CACHE_SIZES.items()):
+        try:
+            out["caches"][name] = int(size())
+        except Exception:  # noqa: BLE001 - a cache that cannot say is left out
+            pass
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return out
+    try:
+        from ray._private import worker  # noqa: PLC0415 - Ray's own stats (the raylets' store)
+        from ray._private.grpc_utils import init_grpc_channel  # noqa: PLC0415
+        from ray.core.generated import node_manager_pb2, node_manager_pb2_grpc  # noqa: PLC0415
+
+        out["ray_session_dir"] = worker._global_node.get_session_dir_path()
+        for n in ray.nodes():
+            if n.get("Alive"):
+                # Ray's internal_api.node_stats opens a channel per call and never closes it: closed here
+                channel = init_grpc_channel(f"{n['NodeManagerAddress']}:{n['NodeManagerPort']}")
+                try:
+                    st = node_manager_pb2_grpc.NodeManagerServiceStub(channel).GetNodeStats(
+                        node_manager_pb2.GetNodeStatsRequest(include_memory_info=False), timeout=timeout)
+                finally:
+                    channel.close()
+                out["object_store"][n["NodeManagerAddress"]] = int(st.store_stats.object_store_bytes_used)
+    except Exception as exc:  # noqa: BLE001 - reported, never raised
+        out["error"] = str(exc)
     return out
 
 

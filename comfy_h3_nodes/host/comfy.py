@@ -24,6 +24,10 @@ from . import comfy_models
 from .local import ProgressReporter, builtin_error
 
 
+#: the pack's node types whose prompts reach B (a prompt holding one waits for B when it runs)
+B_NODES = ("H3RemoteDiT", "H3RemoteModel")
+
+
 class ComfyProgress(ProgressReporter):
     def __init__(self, total: int, node_id: str | None):
         self.bar = comfy.utils.ProgressBar(total, node_id=node_id)
@@ -79,6 +83,19 @@ class ComfyHost:
 
     def prompt_id(self) -> str | None:
         return getattr(PromptServer.instance, "last_prompt_id", None)
+
+    def queued_for_b(self) -> list[dict]:
+        """ComfyUI's queue (running first, then pending in the order it runs them), the prompts that reach B: a
+        node of theirs is one of ``B_NODES``. Each: number, prompt id, client id, running or pending, its B nodes."""
+        running, pending = PromptServer.instance.prompt_queue.get_current_queue_volatile()
+        out = []
+        for state, items in (("running", running), ("pending", sorted(pending, key=lambda i: i[0]))):
+            for item in items:
+                nodes = [nid for nid, n in (item[2] or {}).items() if n.get("class_type") in B_NODES]
+                if nodes:
+                    out.append({"number": item[0], "prompt_id": item[1], "state": state, "b_nodes": nodes,
+                                "client_id": (item[3] or {}).get("client_id")})
+        return out
 
     def executing_node(self) -> str | None:
         """The node ComfyUI executes now (a core sampler driving the pack's remote MODEL)."""

@@ -103,6 +103,9 @@ class LocalHost:
     def prompt_id(self) -> str | None:
         return self.current_prompt
 
+    def queued_for_b(self) -> list[dict]:
+        return []  # no queue of prompts outside ComfyUI
+
     def executing_node(self) -> str | None:
         return None
 

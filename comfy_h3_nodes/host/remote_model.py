@@ -38,6 +38,7 @@ import comfy.weight_adapter
 import ray
 import torch
 
+from ..engine import session
 from ..engine.contract import wire
 from ..engine.contract.forward_payloads import ComfyLora, ComfyLoraSet, ForwardContext
 from ..engine.contract.errors import H3Cancelled
@@ -59,6 +60,8 @@ DIT_PATCHES = ("patches_replace", "patches", "block_modifiers", "optimized_atten
 SAMPLING_KEY = "comfy_h3_remote_dit"
 #: LoRA sets put in this process's object store, by (layer, strength, tensor addresses): B keeps each by its id
 _LORA_SETS: OrderedDict = OrderedDict()
+LORA_SETS_KEPT = 4
+session.CACHE_SIZES["lora_sets_a"] = lambda: len(_LORA_SETS)
 _LORA_LOCK = threading.Lock()
 
 
@@ -138,11 +141,21 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
             if hit is not None:
                 _LORA_SETS.move_to_end(key)
                 return hit[0]
-        lora = lora_set(patches)
-        ref = None if lora is None else ray.put(lora.validate())
+        # the same file loaded again (ComfyUI's cache gave its loader's output up, --cache-none): the same content
+        content = ("content", tuple((k, float(p[0])) for k, p in keep),
+                   remote_forward.fingerprint(*(t for _, p in keep for t in _tensors_of(p[1]))))
         with _LORA_LOCK:
-            _LORA_SETS[key] = (ref, keep)  # the tensors stay referenced while cached: their addresses stay theirs
-            while len(_LORA_SETS) > 4:
+            hit = _LORA_SETS.get(content)
+        if hit is not None:
+            ref = hit[0]
+        else:
+            lora = lora_set(patches)
+            ref = None if lora is None else ray.put(lora.validate())
+        with _LORA_LOCK:
+            # the tensors stay referenced while cached: their addresses stay theirs. Bounded: 4 sets (each under
+            # both keys), the oldest dropped first (its object-store copy with it)
+            _LORA_SETS[key] = _LORA_SETS[content] = (ref, keep)
+            while len(_LORA_SETS) > LORA_SETS_KEPT * 2:
                 _LORA_SETS.popitem(last=False)
         return ref
 

@@ -11,11 +11,18 @@ import socket
 from aiohttp import web
 
 from ..engine import session
+from . import host
 
 
 async def status_handler(request: web.Request) -> web.Response:
     # health calls block on Ray (each bounded): keep them off the server's event loop
     data = await asyncio.to_thread(session.status)
+    if request.query.get("resources"):  # what a soak samples: object store, Ray's folder, the pack's caches
+        data["resources"] = await asyncio.to_thread(session.resources)
+    try:  # what waits for B: ComfyUI's queued prompts that hold a node reaching B (the panel lists them)
+        data["queue"] = host().queued_for_b()
+    except Exception as exc:  # noqa: BLE001 - reported, never failing the status
+        data["queue"], data["queue_error"] = [], str(exc)
     return web.json_response(with_a_process(data), dumps=_dumps)
 
 

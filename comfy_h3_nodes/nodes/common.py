@@ -210,6 +210,7 @@ class LateReports:
 
 
 LATE = LateReports()
+session.CACHE_SIZES["late_reports"] = lambda: len(LATE._by)
 
 
 def report(node_type: str, unique_id, records: list[StageRecord], compute_stage: str, extra: dict | None = None,

@@ -52,9 +52,11 @@ class H3RemoteModel:
             "namespace": ("STRING", {"default": "comfy_h3"}),
         }, "hidden": {"unique_id": "UNIQUE_ID"}}
 
+    # ComfyUI's cache key: the inputs and the identity of the file named (never B's health: each sampling checks
+    # B and finds its worker again, session.live), so an unchanged prompt, or a change after the sampler, runs no B
     @classmethod
-    def IS_CHANGED(cls, **kwargs):
-        return float("nan")  # B's health and settings are checked on every run
+    def IS_CHANGED(cls, unet_name=None, **kwargs):
+        return catalog.identity(unet_name, a_model_roots())
 
     def load(self, unet_name, dtype, precision, cluster_address, parallel="off", actor_name="h3_dit*",
              namespace="comfy_h3", unique_id=None):
@@ -71,7 +73,7 @@ class H3RemoteModel:
         ex = session.dit(address, actor_name.strip(), namespace.strip(), unet_name.strip(), partition, dtype,
                          "sdpa", precision=precision, actors=placement.ACTORS, parallel=parallel)
         info = ex.transformer_file(partition)
-        patcher = remote_model.build_model(info, ex.open_sampling, host().interrupted, dtype=getattr(torch, dtype),
+        patcher = remote_model.build_model(info, live_sampling(ex), host().interrupted, dtype=getattr(torch, dtype),
                                            on_done=sampling_readout, partition=partition)
         note, extra = connection_readout(ex)
         b = ex.last_health["B"]
@@ -80,6 +82,17 @@ class H3RemoteModel:
                           note=f"{note}; ComfyUI's MODEL of {catalog.name_under(info['path'], a_model_roots())}")
         ui = report("H3RemoteModel", unique_id, [rec], "connect", extra={**extra, "status": rec.note})
         return {"ui": ui, "result": (patcher,)}
+
+
+def live_sampling(ex):
+    """``open_sampling`` of the MODEL ComfyUI caches: each sampling checks B first and finds its worker again
+    (:func:`session.live`: restarted, released, a new connection), and its readout says what changed."""
+    def open_sampling():
+        live, note = session.live(ex)
+        sampling = live.open_sampling()
+        sampling.b_note = note
+        return sampling
+    return open_sampling
 
 
 def sampling_readout(summary: dict) -> None:
@@ -101,10 +114,13 @@ def sampling_readout(summary: dict) -> None:
         note += f"; parallel: {group['method']} over {len(group['ranks'])} ranks{formed}"
     if summary.get("rerun"):
         note += f"; {summary['rerun']}"
+    if summary.get("b_note"):
+        note += f"; {summary['b_note']}"
     rec = StageRecord(summary["sampling_id"], "sampling", "B", summary["worker"], t0, t0 + summary["wall_s"],
                       compute_s=tot.get("compute_s", 0.0), fetch_s=tot.get("a_to_b_s", 0.0) + tot.get("b_to_a_s", 0.0),
                       bytes={"a_to_b": tot.get("bytes_a_to_b", 0), "b_to_a": tot.get("bytes_b_to_a", 0)},
                       steps=tuple(r["compute_s"] for r in summary["records"]), note=note,
-                      info={k: summary[k] for k in ("forwards", "total", "per_forward", "worker", "lora_modules",
-                                                    "lora_bytes_fetched", "parallel", "rerun", "ranks_compute_s")})
+                      info={k: summary.get(k) for k in ("forwards", "total", "per_forward", "worker", "lora_modules",
+                                                        "lora_bytes_fetched", "parallel", "rerun", "ranks_compute_s",
+                                                        "b_note")})
     report("sampler", node, [rec], "sampling", extra={"status": note})

@@ -7,6 +7,7 @@ a batch of one whose denoise node waits for its job, showing B's steps on its ow
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import time
@@ -168,8 +169,12 @@ class H3RemoteDenoise:
         (ex, adapters), unique_id, conds = dit_parts(one(dit)), one(unique_id), items(conditioning)
         n = batch_size(conditioning=conds, seed=seed, steps=steps)
         params = [rq.validate_params(at(steps, i), at(seed, i), adapters) for i in range(n)]  # all before any runs
+        # B's health where B is used: the loader's output may come from ComfyUI's cache, made before B restarted
+        ex, b_note = await asyncio.to_thread(session.live, ex)
+        if b_note:
+            host().progress_text(b_note, unique_id)
         if n == 1 and conds[0].done():
-            return await self._one(ex, conds[0], params[0], unique_id)
+            return await self._one(ex, conds[0], params[0], unique_id, b_note)
         batch = Batch([], BatchProgress(n, max(p.steps for p in params) - 1))
         index = {}
         slots = Slots(int(one(max_in_flight) or 2))
@@ -196,7 +201,7 @@ class H3RemoteDenoise:
                              unique_id)
         return {"ui": {}, "result": (batch.jobs,)}
 
-    async def _one(self, ex, cond, params, unique_id):
+    async def _one(self, ex, cond, params, unique_id, b_note: str = ""):
         """One request: wait for its job here, B's steps on this node's bar; an interrupt stops B within a step."""
         h = host()
         bar = h.progress(unique_id, max(1, params.steps - 1), "B denoise")
@@ -218,8 +223,9 @@ class H3RemoteDenoise:
         held = session.a_rank_held(ex) if ex.bclient.parallel != "off" else None
         if held is not None:  # A's DiT rank shares A's memory: the host accounts for it (ComfyUI's /free releases it)
             h.hold_a_rank(*held)
-        records = named_by_host(job.records, b_host(ex))
-        extra = schedule_extra(records, params.steps) | {"total_s": time.perf_counter() - t0,
+        records = [dataclasses.replace(r, note="; ".join(x for x in (r.note, b_note) if x)) if b_note and
+                   r.stage == "denoise" else r for r in named_by_host(job.records, b_host(ex))]
+        extra = schedule_extra(records, params.steps) | {"total_s": time.perf_counter() - t0, "b_note": b_note,
                                                          "preview": preview_readout(records, preview_note, spec)}
         # the last live preview stays on the node as the frontend keeps it for ComfyUI's own samplers; also giving it
         # as the node's output image made the Vue nodes of frontend 1.58 show it twice (issue #30)

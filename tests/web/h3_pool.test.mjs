@@ -36,3 +36,16 @@ test("A's DiT rank (parallel denoise) is listed with the workers, with its machi
   const [gone] = workerRows([{ ...rank, ok: false, error: "A's DiT rank did not answer: ActorDiedError" }]);
   assert.equal(workerText(gone), "h3_rank_a @ 10.0.0.1 (A's DiT rank, pid 4321) · A's DiT rank did not answer: ActorDiedError");
 });
+
+test("what waits for B: ComfyUI's queued prompts that reach B, running first, then pending in order", async () => {
+  const { queueText } = await import("../../web/h3_status.js");
+  const queue = [{ number: 4, prompt_id: "p4", state: "running", b_nodes: ["5"], client_id: "aaaaaa11" },
+                 ...[5, 6, 7, 8, 9, 10].map((n) => ({ number: n, prompt_id: `p${n}`, state: "pending", b_nodes: ["5"],
+                                                      client_id: n % 2 ? "bbbbbb22" : "aaaaaa11" }))];
+  assert.equal(queueText(queue), "waiting for B: 7 prompts · running #4 (client aaaaaa) · 6 pending: #5 (client " +
+               "bbbbbb), #6 (client aaaaaa), #7 (client bbbbbb), #8 (client aaaaaa), #9 (client bbbbbb), … 1 more");
+  assert.equal(queueText([]), "");
+  assert.equal(queueText(undefined), "");
+  const m = statusModel({ connected: true, cluster: { mode: "local" }, actors: [], workers: [], queue, error: null });
+  assert.equal(m.queue.length, 7);
+});

@@ -131,6 +131,8 @@ class LocalA:
 
     def cancel(self, request_id: str) -> None:
         self.cancelled.add(request_id)
+        while len(self.cancelled) > 256:  # bounded: a cancel of a request never decoded is not kept
+            self.cancelled.pop()
 
     def load_records(self) -> list:
         return list(self.side.load_records)

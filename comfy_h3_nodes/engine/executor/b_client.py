@@ -39,6 +39,8 @@ from .handoff import unwrap_ray_error
 
 log = logging.getLogger("comfy_h3.executor")
 
+#: the cancelled request ids a client remembers (a re-run checks them); the oldest go first beyond this
+CANCELLED_KEPT = 256
 SETTING_NAMES = {"model_dir": "model", "dtype": "dtype", "attention_backend": "attention backend",
                  "precision": "precision", "partition": "partition"}
 
@@ -328,6 +330,8 @@ class BClient:
     def cancel(self, request_id: str) -> None:
         """B stops the request before its next step; one announced but not started leaves the worker's queue."""
         self.cancelled.add(request_id)
+        while len(self.cancelled) > CANCELLED_KEPT:  # bounded: a day of cancels (ids are unique per request)
+            self.cancelled.pop()
         b = self.handle_of(request_id)
         if b is not None:
             b.cancel.remote(request_id)

@@ -80,6 +80,7 @@ class RemoteSampling:
     rerun: str = ""  # what a lost rank changed (the readout says so)
     machine: str = "B"  # where ``handle`` runs (A: A's DiT rank, left alone by a lost B)
     ran_on: dict | None = None  # the group the sampling started on (its method and ranks), for the readout
+    b_note: str = ""  # what the check at the sampling's start found changed on B (restarted, released)
 
     def context_ref(self, key: tuple, make: Callable[[], ForwardContext], keep=None):
         """The object reference of the context ``key`` names (``make`` builds it the first time): put once per
@@ -211,7 +212,7 @@ class RemoteSampling:
                for k in ("round_trip_s", "compute_s", "a_to_b_s", "b_to_a_s", "bytes_a_to_b", "bytes_b_to_a")}
         per = {k: round(v / n, 6) for k, v in tot.items()} if n else {}
         return {"sampling_id": self.sampling_id, "worker": self.worker, "forwards": n, "total": tot,
-                "parallel": self.ran_on, "rerun": self.rerun,
+                "parallel": self.ran_on, "rerun": self.rerun, "b_note": self.b_note,
                 "ranks_compute_s": [round(sum(c), 6) for c in zip(*(r.ranks_compute_s for r in self.records
                                                                      if r.ranks_compute_s))],
                 "lora_modules": self.lora_modules, "lora_bytes_fetched": self.lora_bytes_fetched,

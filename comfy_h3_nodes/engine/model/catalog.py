@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import pathlib
 import shutil
@@ -332,3 +333,41 @@ def tiny_part_path(component: str, announce=print) -> pathlib.Path:
                 announce(f"[comfy-h3] writing the tiny random {component} as a single file {path} (first use)")
             write_tiny_part(ckpt, component, path)
     return path
+
+
+#: at most this many files make a folder's identity (a diffusers folder holds a few dozen)
+IDENTITY_FILES = 256
+
+
+def identity(choice, roots: Iterable[str | os.PathLike] = ()) -> str:
+    """What a loader's cache key adds to its inputs: the identity of the model a picker choice names, as this
+    machine sees it. A tiny model: its name and version; a file or folder found here: its resolved path with the
+    size and modification time of each file in it (two levels down, bounded), so a file replaced under the same
+    name is a new key; a name this machine does not hold (a model on B): the name alone, since asking B for it
+    would put B's health into the key. Never raises, never touches the network."""
+    text = str(choice or "").strip()
+    if is_tiny(text):
+        return f"{tiny_name(text)}@v{TINY_VERSION}"
+    path = under_roots(os.path.expanduser(text), roots) or os.path.expanduser(text)
+    try:
+        if os.path.isfile(path):
+            st = os.stat(path)
+            return f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
+        if not os.path.isdir(path):
+            return text
+        parts, level = [], [path]
+        for _ in range(2):
+            nxt = []
+            for d in level:
+                for e in sorted(os.scandir(d), key=lambda e: e.name):
+                    if e.name.startswith("."):
+                        continue
+                    if e.is_dir():
+                        nxt.append(e.path)
+                    elif len(parts) < IDENTITY_FILES:
+                        st = e.stat()
+                        parts.append(f"{os.path.relpath(e.path, path)}:{st.st_size}:{st.st_mtime_ns}")
+            level = nxt
+        return f"{os.path.abspath(path)}#{hashlib.sha1(';'.join(parts).encode()).hexdigest()[:16]}"
+    except OSError:
+        return text

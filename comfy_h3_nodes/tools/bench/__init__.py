@@ -23,7 +23,11 @@ Verbs (each starts the embedded two-node Ray cluster, or reuses the one this pro
 * ``remote-model``: one forward of ComfyUI's sampler on A through B's DiT actor (the per-forward path, wire schema 5)
   at 1344x768x124 and x345, CFG batch 2, with a stand-in forward that costs nothing: the round trip (hand-offs and
   Ray only) against vLLM-Omni's 31.4 s step, and the once-per-sampling context apart.
-* ``all``: every bench above in one cluster (``vsa`` excepted).
+* ``soak``: N prompts of a day of use through a running ComfyUI (started when no ``--url`` is given): templates and
+  core graphs in turn, parallel, LoRA switches, interrupts, bad inputs, re-queues, two clients; the growth of every
+  memory, file and cache metric per 100 prompts after the warm-up, and the processes left after ComfyUI's SIGTERM
+  (:mod:`.soak`).
+* ``all``: every bench above in one cluster (``vsa`` and ``soak`` excepted).
 
 ``--json`` makes the LAST line of output one JSON object; ``--quick`` shrinks counts for the smoke test.
 Numbers are medians; the goals (ratio_vs_raw <= 1.2, makespan <= 1.05 x ideal, >= 1.6 x sequential, step overhead
@@ -38,7 +42,7 @@ import json
 import os
 
 from .. import runner
-from . import batch, decode, handoff, memory, parallel, pipeline, pool, preview, remote_model, step, vsa
+from . import batch, decode, handoff, memory, parallel, pipeline, pool, preview, remote_model, soak, step, vsa
 from .common import DEFAULT_SYNTHETIC, cluster, tiny_checkpoint
 
 
@@ -98,6 +102,13 @@ def _parser() -> argparse.ArgumentParser:
     rm.add_argument("--warmup", type=int, default=None, help="unmeasured forwards first (default 2; quick 1)")
     rm.add_argument("--shapes", default=None, help="comma-separated WIDTHxHEIGHTxFRAMES (default "
                     f"{','.join(remote_model.SHAPES)}; quick {','.join(remote_model.QUICK_SHAPES)})")
+    sk = common(sub.add_parser("soak", help="N prompts of a day of use through ComfyUI: what grows per 100 prompts"))
+    sk.add_argument("--prompts", type=int, default=None, help="prompts (default 200; quick 12)")
+    sk.add_argument("--url", default=None, help="a running ComfyUI (default: start one)")
+    sk.add_argument("--pid", type=int, default=None, help="its process id (for its RSS, files, threads)")
+    sk.add_argument("--comfyui", default=None, help="ComfyUI checkout (default $COMFYUI_DIR, else ../shared/comfyui)")
+    sk.add_argument("--python", default=None, help="ComfyUI's Python (default $COMFYUI_PYTHON, else .comfyui-venv)")
+    sk.add_argument("--warmup", type=int, default=20, help="prompts before growth is measured (default 20)")
     a = common(sub.add_parser("all", help="every bench, one cluster"))
     a.add_argument("--repeats", type=int, default=None)
     a.add_argument("--requests", type=int, default=None)
@@ -131,6 +142,12 @@ def main(argv: list[str]) -> int:
         if args.json:
             print(json.dumps(res), flush=True)  # exactly {"ranks": {...}, "speedup": ..., "shape": {...}}
         return 0
+    if verb == "soak":  # through ComfyUI's HTTP API: its own cluster, inside ComfyUI
+        res = soak.run_soak(args.prompts or (12 if quick else 200), url=args.url, pid=args.pid,
+                            comfy_dir=args.comfyui, python=args.python, warmup=args.warmup, log=log)
+        if args.json:
+            print(soak.main_json(res), flush=True)
+        return 0 if res["failed_unexpectedly"] == 0 else 1
     if verb == "preview":  # no cluster: B's own computation
         res = preview.run_preview(args.repeats or (3 if quick else 50), log)
         if args.json:
