@@ -274,27 +274,7 @@ def release_b(spec: str | None = None, namespace: str | None = None, timeout: fl
                 seen.add((ns, r["name"]))
                 out["released"].append(r)
         out["missing"].update(got["missing"])
-    for rank in _a_ranks():  # A's DiT ranks of parallel denoise (H3RemoteDiT's or H3RemoteModel's): released too
-        try:
-            import ray  # noqa: PLC0415 - joined above
-
-            got = ray.get(rank.handle.release.remote("a release on request (Release B's model)"), timeout=timeout)
-            out["released"].append({**got, "name": rank.name, "machine": "A"})
-        except Exception as exc:  # noqa: BLE001 - listed as missing, with why
-            out["missing"][rank.name] = str(exc).splitlines()[0]
     return out
-
-
-def _a_ranks() -> list:
-    """The DiT ranks on A that this process's executors started (parallel denoise), each once."""
-    with _lock:
-        executors = list(_executors.values())
-    ranks = {}
-    for ex in executors:
-        rank = ex.a_rank() if hasattr(ex, "a_rank") else None
-        if rank is not None:
-            ranks.setdefault(id(rank.handle), rank)
-    return list(ranks.values())
 
 
 def status(timeout: float = 5.0) -> dict:
