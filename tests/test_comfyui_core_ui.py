@@ -22,7 +22,7 @@ import pytest
 from comfy_h3_nodes.engine.model.tiny_comfy import fixture
 from test_comfyui_integration import (  # noqa: F401 - fixtures are found by name in this module
     CORE_LORAS, FRONTENDS, JS_ENTER_UNETLOADER, JS_TITLE_POINT, MISSING_MODELS_SETTING, MODES, NATIVE_DIT,
-    NATIVE_REF_DIT, TAB_BUTTON, VUE_SETTING, ComfyPage, _cli, _core_model_prompt, _http_json, _of, _ok, _queue_and_wait, _run,
+    NATIVE_REF_DIT, QUEUE_LIKE_A_USER, TAB_BUTTON, VUE_SETTING, ComfyPage, _cli, _core_model_prompt, _http_json, _of, _ok, _queue_and_wait, _run,
     _started_comfyui, _status, browser, comfyui, comfyui_frontends, pytestmark,
 )
 from browser_support import overlaps
@@ -236,6 +236,12 @@ def _centre(page, node_id: str, shot: str) -> pathlib.Path:
     return page.shot(shot)
 
 
+def _covers(page, node_id: str, before: list[str]) -> list[str]:
+    """What the node ``node_id`` lies over now that it was not over before (its readout grew it)."""
+    return [o for o in overlaps(page.page.evaluate(JS_SHOWN_BOXES))
+            if o not in before and f" {node_id} [" in o]
+
+
 def _seen(page, node_id: str) -> dict:
     got = page.page.evaluate(JS_READOUT_SEEN, node_id)
     assert got is not None, f"node {node_id} has no readout on the page"
@@ -258,6 +264,7 @@ def test_core_ui_sampler_and_remote_model_show_their_readouts_on_the_page(comfyu
         page.page.evaluate("async (api) => { await window.app.loadApiJson(api, 'core_ui_readouts.json'); }", api)
         page.settle(800)
         page.page.keyboard.press("Escape")
+        before = overlaps(page.page.evaluate(JS_SHOWN_BOXES))
         run = _queue_and_wait(page, picks={})
         (sampler,) = [t for t in run["timings"] if t["node_type"] == "sampler"]
         assert sampler["node"] == "10", sampler
@@ -272,6 +279,8 @@ def test_core_ui_sampler_and_remote_model_show_their_readouts_on_the_page(comfyu
         _centre(page, "4", "core_ui_remote_model_readout")  # the classic canvas hides the DOM of nodes off screen
         model = " ".join(_seen(page, "4")["text"].split())
         assert model.startswith("B connect ") and f"ComfyUI's MODEL of {NATIVE_DIT}" in model, model
+        covered = _covers(page, "10", before) + _covers(page, "4", before)
+        assert not covered, f"a readout grew its node over another: {covered}"
         print(f"\n[h3 core_ui] {version} {page.mode}: sampler readout {flat!r}; H3RemoteModel {model!r} ({shot})")
         # the H3 panel (#37 item 8): the finished sampling is done, not drawn as running (dashed); one actor line each
         page.page.click(TAB_BUTTON)
@@ -360,3 +369,39 @@ def test_core_ui_swap_leaves_no_overlap_and_gives_the_promoted_widget_the_new_li
         page.close()
         _http_json(server, "POST", f"/api/settings/{VUE_SETTING}", False)
         _http_json(server, "POST", f"/api/settings/{MISSING_MODELS_SETTING}", True)
+
+
+@FRONTENDS
+@MODES
+def test_core_ui_a_refused_unet_name_reads_as_one_sentence_on_h3remotemodel(comfyui_frontends, browser, version, vue):
+    """A unet_name B has not, queued from the page: H3RemoteModel shows "B connect failed" and B's sentence (naming
+    its unet_name and the names B has) on the node, as the pack's own nodes show their errors, without a Python class
+    prefix; read from the page in both frontends and both UI modes."""
+    server = comfyui_frontends(version)
+    api = _core_model_prompt(True, f"core_ui_refused_{version}_{vue}")
+    api["4"]["inputs"]["unet_name"] = "minimax_h3_t2va_typo.safetensors"
+    page = ComfyPage(server, browser, vue=vue, version=version)
+    try:
+        page.page.evaluate("async (api) => { await window.app.loadApiJson(api, 'core_ui_refused.json'); }", api)
+        page.settle(800)
+        page.page.keyboard.press("Escape")
+        before = overlaps(page.page.evaluate(JS_SHOWN_BOXES))
+        page.page.evaluate(QUEUE_LIKE_A_USER, [{}])
+        page.page.wait_for_function("() => window.__h3run.end !== null", timeout=600000)
+        run = page.page.evaluate("() => window.__h3run")
+        assert run["end"] == "execution_error", run
+        page.page.keyboard.press("Escape")  # the frontend's error dialog
+        page.page.wait_for_function("() => !!window.app.graph.getNodeById(4)?.widgets?.find((w) => w.name === "
+                                    "'h3_timing')", timeout=10000)
+        shot = _centre(page, "4", "core_ui_refused_unet_name")
+        text = " ".join(_seen(page, "4")["text"].split())
+        assert text.startswith("B connect failed "), text
+        assert "machine B has no model 'minimax_h3_t2va_typo.safetensors'" in text, text
+        assert "H3RemoteModel's unet_name" in text and "B has: " in text and "Error:" not in text, text
+        covered = _covers(page, "4", before)
+        assert not covered, f"the readout grew H3RemoteModel over another node: {covered} ({shot})"
+        print(f"\n[h3 core_ui] {version} {page.mode}: H3RemoteModel shows {text!r} ({shot})")
+        page.assert_clean()
+    finally:
+        page.close()
+        _http_json(server, "POST", f"/api/settings/{VUE_SETTING}", False)

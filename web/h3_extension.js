@@ -129,6 +129,7 @@ function fitReadout(node, el) {
       node.setSize([Math.max(node.size[0], want[0]), Math.max(node.size[1], want[1])]);
     }
     app.canvas?.setDirty?.(true, true);
+    roomBelow(node);
   } catch {
     /* sizing is cosmetic */
   }
@@ -147,6 +148,23 @@ function wrappedHeight(node) {
     return n + Math.max(1, Math.ceil((chars * READOUT_CHAR_PX) / width));
   }, 0);
   return readoutHeight(null, lines);
+}
+
+/**
+ * A readout made after the node was laid out grows the node: the nodes below it in its column move down by what it
+ * now covers (as the swap does), so a late readout never lies over its neighbour.
+ */
+function roomBelow(node) {
+  if (!drivenB.has(node)) return;
+  const canvas = app.canvas;
+  let bottom = node.pos[1] + node.size[1];
+  const r = document.querySelector(`[data-node-id="${node.id}"]`)?.getBoundingClientRect?.();
+  const c = canvas?.canvas?.getBoundingClientRect?.();
+  const ds = canvas?.ds;
+  if (r && c && ds && r.height > 0 && canvas?.graph === node.graph) {
+    bottom = Math.max(bottom, (r.bottom - c.top) / ds.scale - ds.offset[1]);
+  }
+  if (clearBelow(node.graph, node, bottom, globalThis.LiteGraph?.NODE_TITLE_HEIGHT ?? 30)) canvas?.setDirty?.(true, true);
 }
 
 function renderNodes() {
@@ -192,6 +210,7 @@ function attachDriven(payload) {
       setTimeout(safe(() => {
         const el = readouts.get(node);
         if (el) renderNode(node, el);
+        roomBelow(node);
       }), ms);
     }
   }
@@ -511,6 +530,10 @@ function listen() {
   for (const kind of ["execution_success", "execution_error", "execution_interrupted"]) {
     on(kind, (e) => {
       store.executionEnd(kind, e.detail);
+      // H3RemoteModel refused before any record of it came: its sentence on the node, as the pack's nodes show theirs
+      if (kind === "execution_error" && e.detail?.node_type === REMOTE_MODEL_TYPE) {
+        attachDriven({ node_type: REMOTE_MODEL_TYPE, node: e.detail.node_id });
+      }
       changed();
       refreshTimings(true);
       refreshStatus(false);
