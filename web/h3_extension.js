@@ -117,10 +117,12 @@ function fitReadout(node, el) {
   if (!have || !el.clientHeight) return; // not laid out (collapsed node, hidden widget, zoomed out)
   const need = el.scrollHeight;
   if (need <= el.clientHeight + 1) return;
-  // once per text: a node whose only widget is the readout (a core sampler) hands it all its height in the classic
-  // canvas, so fitting again on the same text would grow it without end
-  if (fittedText.get(el) === el.textContent) return;
-  fittedText.set(el, el.textContent);
+  // a core node's late readout, once per text: a node whose only widget is the readout (a core sampler) hands it all
+  // its height in the classic canvas, so fitting again on the same text would grow it without end
+  if (drivenB.has(node)) {
+    if (fittedText.get(el) === el.textContent) return;
+    fittedText.set(el, el.textContent);
+  }
   const lines = Math.ceil((need - READOUT_PAD_PX) / READOUT_LINE_PX);
   reserve(el, lines * READOUT_LINE_PX + READOUT_PAD_PX);
   try {
