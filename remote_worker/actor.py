@@ -281,9 +281,10 @@ class DiTActorImpl(ResidentActorMixin):
                    join_timeout_s: float = 600.0) -> dict:
         """Join a DiT group (queued behind this worker's running denoise): every rank calls it at once; returns when
         all joined (at most ``join_timeout_s``); its collectives are bounded by ``timeout_s``."""
-        self.side.reload_if_released()  # a released rank loads its model again before the group forms
+        reload_s = self.side.reload_if_released()  # a released rank loads its model again before the group forms
         parallel.join(group_id, address, rank, world, timeout_s, self.side.device, join_timeout_s)
         return {"group": group_id, "rank": rank, "world": world, "node_ip": self.node_ip, "machine": self.machine,
+                "reloaded_s": round(reload_s or 0.0, 4),
                 "heads": int(getattr(self.side._host, self.side.partition).config.num_attention_heads)}
 
     @ray.method(concurrency_group="control")
@@ -426,15 +427,17 @@ class DiTActorImpl(ResidentActorMixin):
         serves; then the old model is dropped (two would not fit B's memory) and the new one loaded. If that load
         fails, B reloads what it had and the error says so. Returns ``{key: [old, new]}`` and the seconds it took.
         ``changes`` may carry ``search_roots`` (where a model name is looked up when B has no roots of its own): kept,
-        never a reload by itself."""
+        never a reload by itself; and ``asked_by``, the node input a refused name is said to come from."""
         changes = dict(changes)
         search = changes.pop("search_roots", None)
+        asked_by = changes.pop("asked_by", None)  # the node input the name came from: for a refusal's sentence only
+        asked = {"asked_by": asked_by or ""}  # never the asker that started this worker
         unknown = sorted(set(changes) - set(RECONFIGURABLE))
         if unknown:
             raise ValueError(f"B cannot change {', '.join(unknown)}; it can change {', '.join(RECONFIGURABLE)}.")
         new = {**self.config, **changes, **({"search_roots": list(search)} if search is not None else {})}
         if "model_dir" in changes:  # a name: the path it names here (one that names nothing: the node's sentence)
-            why = model_roots.preflight(new)
+            why = model_roots.preflight({**new, **asked})
             if why:
                 raise ModelFolderError(why)
             new["model_dir"] = model_roots.resolve_model(new)
@@ -444,7 +447,7 @@ class DiTActorImpl(ResidentActorMixin):
             return {"changed": {}, "seconds": 0.0}
         t0 = time.perf_counter()
         resolve_attention_backend(new.get("attention_backend", "sdpa"))  # a missing flash-attn fails here, loaded
-        why = model_roots.preflight(new)  # roots, existence, a folder's partition: the node's sentence
+        why = model_roots.preflight({**new, **asked})  # roots, existence, a folder's partition: the node's sentence
         if why:
             raise ModelFolderError(why)
         if not catalog.is_tiny(new["model_dir"]):

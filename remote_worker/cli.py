@@ -237,7 +237,8 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
                       env={model_roots.ENV: os.pathsep.join(roots)})
     args.created_actor = actor  # a failed setup kills what it created (a detached actor would otherwise linger)
     t0 = time.perf_counter()
-    print(f"starting the DiT actor {args.name!r} (loading {args.partition} from {model_dir}) ...", flush=True)
+    source = cfg["sources"].get(args.partition) or model_dir  # --transformer-file: that file, not the folder
+    print(f"starting the DiT actor {args.name!r} (loading {args.partition} from {source}) ...", flush=True)
     try:
         ip = ray.get(actor.ping.remote(), timeout=args.start_timeout)
     except ray.exceptions.GetTimeoutError:

@@ -66,7 +66,7 @@ def resolve_model(config: dict, environ: dict | None = None) -> str:
     if not model or os.path.isabs(text):
         return text
     roots = name_roots(config, environ)
-    found = catalog.under_roots(text, roots)
+    found = catalog.find_named(text, roots)  # as ComfyUI names it, whatever layout the roots have
     if found:
         return found
     if not roots and os.path.exists(text):
@@ -125,6 +125,30 @@ def preflight(config: dict) -> str | None:
     except ModelFolderError as exc:
         said = str(exc).rstrip(".")
         where = "" if "machine B" in said else " on machine B"
-        return (f"{said}{where}; choose a model B has in H3RemoteDiT's model_path, or {catalog.TINY!r} to try the "
-                "pack without weights.")
+        picker = str(config.get("asked_by") or DIT_PICKER)
+        has = names_b_has(config, picker) if isinstance(exc, ModelRootError) else ""  # a name it lacks: its names
+        return (f"{said}{where}; choose a model B has in {picker}, or {catalog.TINY!r} to try the pack without "
+                f"weights.{has}")
     return None
+
+
+#: the input a model name comes from, unless the config says another (``asked_by``: H3RemoteModel's unet_name)
+DIT_PICKER = "H3RemoteDiT's model_path"
+#: the most names a refusal lists
+NAMES_SHOWN = 8
+
+
+def names_b_has(config: dict, picker: str = DIT_PICKER) -> str:
+    """`` B has: a, b, ...``: the models under B's roots as the asking picker names them (UNETLoader's names of
+    the transformer files for ``unet_name``; folders and files for H3RemoteDiT)."""
+    try:
+        names = [n for n in catalog.named_models(name_roots(config)) if not catalog.is_tiny(n)]
+    except OSError:
+        return ""
+    if picker.endswith("unet_name"):
+        names = list(dict.fromkeys(catalog.comfy_dit_name(n) for n in names
+                                   if n.endswith((".safetensors", ".gguf"))))
+    if not names:
+        return " B has no model under its roots."
+    more = f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else ""
+    return f" B has: {', '.join(names[:NAMES_SHOWN])}{more}."

@@ -326,6 +326,34 @@ def test_b_names_its_models_relative_to_its_roots_and_resolves_the_names(tmp_pat
     assert str(err.value) == f"machine B has no model 'Nope' under its model roots ({', '.join(roots)})"
 
 
+def test_one_name_means_one_file_whatever_layout_b_roots_have(tmp_path, tiny_ckpt):
+    """UNETLoader's name of a transformer file (``X``, relative to ``diffusion_models``) and the name under a
+    ``models/`` root (``diffusion_models/X``) resolve to the same file with B's root a ComfyUI ``models/`` tree, its
+    ``diffusion_models`` folder or a plain folder of files; H3RemoteModel's picker lists UNETLoader's names; a name
+    B lacks is refused naming the input it came from and the names B has."""
+    import shutil
+
+    from comfy_h3_nodes.nodes.core_model import ASKED_BY, unet_names
+    from remote_worker import model_roots
+
+    f = _b_models_tree(tmp_path / "models", tiny_ckpt)
+    flat = tmp_path / "files"
+    flat.mkdir()
+    shutil.copy(f, flat / f.name)
+    for root, file in ((tmp_path / "models", f), (tmp_path / "models" / "diffusion_models", f), (flat, flat / f.name)):
+        for name in (f.name, "diffusion_models/" + f.name):
+            assert model_roots.resolve_model({"model_dir": name, "model_roots": [str(root)]}, environ={}) == str(file)
+        assert unet_names(catalog.named_models([str(root)])) == [f.name], root
+    config = {"model_dir": "minimax_h3_t2va_typo.safetensors", "model_roots": [str(tmp_path / "models")],
+              "asked_by": ASKED_BY}
+    msg = model_roots.preflight(config)
+    assert msg == (f"machine B has no model 'minimax_h3_t2va_typo.safetensors' under its model roots "
+                   f"({tmp_path / 'models'}); choose a model B has in H3RemoteModel's unet_name, or 'tiny-random' to "
+                   f"try the pack without weights. B has: {f.name}."), msg
+    msg = model_roots.preflight({**config, "asked_by": ""})  # H3RemoteDiT's: its folders and files, as it lists them
+    assert "in H3RemoteDiT's model_path" in msg and msg.endswith(f"B has: MiniMax-H3, diffusion_models/{f.name}.")
+
+
 def test_remote_dit_lists_b_models_before_any_run_in_local_mode(local_host, tiny_ckpt, tmp_path, monkeypatch):
     """ComfyUI's node list (INPUT_TYPES) offers what the embedded B finds under A's folders before any run: the
     cluster joined as ``local``, or not joined yet (the node's default); no connection to a B is needed."""
@@ -388,8 +416,9 @@ def test_a_name_b_lists_runs_an_absolute_path_too_and_an_unknown_name_is_refused
         session.forget("h3_dit_names")
     with pytest.raises(ModelFolderError) as err:  # a new worker: refused before it starts
         _connect("h3_dit_names_new", model="Nope")
-    assert str(err.value) == (f"machine B has no model 'Nope' under its model roots ({roots}); choose a model B has "
-                              "in H3RemoteDiT's model_path, or 'tiny-random' to try the pack without weights.")
+    assert str(err.value).startswith(f"machine B has no model 'Nope' under its model roots ({roots}); choose a model "
+                                     "B has in H3RemoteDiT's model_path, or 'tiny-random' to try the pack without "
+                                     "weights. B has: MiniMax-H3, ")
     assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("h3_dit_names_new")]
     # a new worker started on a name (the file under diffusion_models/) runs it as the node's partition
     out = _connect("h3_dit_names_file", model="diffusion_models/minimax_h3_t2va_tiny.safetensors")

@@ -24,7 +24,7 @@ import { statusModel } from "./h3_status.js";
 import {
   B_MODEL_NODE_TYPE, bModelsFrom, DEFAULT_WARN_PERCENT, H3Store, isH3NodeType, MODEL_WIDGET, sameChoices,
 } from "./h3_view.js";
-import { isSwappable, SWAP_FROM_TYPE, SWAP_MENU_LABEL, swapToRemoteModel } from "./h3_swap.js";
+import { clearBelow, isSwappable, SWAP_FROM_TYPE, SWAP_MENU_LABEL, swapToRemoteModel } from "./h3_swap.js";
 import {
   createFloatingPanel, createReadoutElement, downloadText, ensureStyles, renderReadout, TimelinePanel,
 } from "./h3_dom.js";
@@ -40,6 +40,9 @@ const HISTORY_ITEMS = 16; // prompts read from ComfyUI's history when the panel 
 const store = new H3Store();
 const readouts = new Map(); // graph node -> readout element
 const reserved = new WeakMap(); // readout element -> the height it holds on its node (CSS px = canvas units)
+const fittedText = new WeakMap(); // readout element -> the text it was last grown for
+const READOUT_CHAR_PX = 6.4; // the readout's average character width (11 px system font), for a late readout's room
+const READOUT_SIDE_PX = 8; // the readout's side padding and the node's inner margin
 const panels = new Set(); // the sidebar panel and/or the floating one; made once, never dropped
 let sidebarPanel = null; // reused across the frontend's render(el) calls
 let sidebarContainer = null; // the element the frontend last handed to render()
@@ -92,7 +95,7 @@ function nodeClass(node) {
 }
 
 function renderNode(node, el) {
-  const model = readoutModel(store, node.id, { warnShare: warnShare(), nodeType: nodeClass(node) });
+  const model = readoutModel(store, node.id, { warnShare: warnShare(), nodeType: readoutType(node) ?? nodeClass(node) });
   renderReadout(el, model);
   if (el.isConnected) fitReadout(node, el);
 }
@@ -114,6 +117,12 @@ function fitReadout(node, el) {
   if (!have || !el.clientHeight) return; // not laid out (collapsed node, hidden widget, zoomed out)
   const need = el.scrollHeight;
   if (need <= el.clientHeight + 1) return;
+  // a core node's late readout, once per text: a node whose only widget is the readout (a core sampler) hands it all
+  // its height in the classic canvas, so fitting again on the same text would grow it without end
+  if (drivenB.has(node)) {
+    if (fittedText.get(el) === el.textContent) return;
+    fittedText.set(el, el.textContent);
+  }
   const lines = Math.ceil((need - READOUT_PAD_PX) / READOUT_LINE_PX);
   reserve(el, lines * READOUT_LINE_PX + READOUT_PAD_PX);
   try {
@@ -122,9 +131,42 @@ function fitReadout(node, el) {
       node.setSize([Math.max(node.size[0], want[0]), Math.max(node.size[1], want[1])]);
     }
     app.canvas?.setDirty?.(true, true);
+    roomBelow(node);
   } catch {
     /* sizing is cosmetic */
   }
+}
+
+/**
+ * The height a core node's readout needs for the text it already has (a sampler's readout is made when its record
+ * comes), wrapped at the node's width: the classic canvas of 1.49 does not grow a node for a widget added late.
+ */
+function wrappedHeight(node) {
+  if (!drivenB.has(node)) return 0;
+  const model = readoutModel(store, node.id, { warnShare: warnShare(), nodeType: readoutType(node) });
+  const width = Math.max(80, (Number(node.size?.[0]) || 200) - 2 * READOUT_SIDE_PX);
+  const lines = model.lines.reduce((n, parts) => {
+    const chars = parts.reduce((c, p) => c + String(p.text ?? "").length + 1, 0);
+    return n + Math.max(1, Math.ceil((chars * READOUT_CHAR_PX) / width));
+  }, 0);
+  return readoutHeight(null, lines);
+}
+
+/**
+ * A readout made after the node was laid out grows the node: the nodes below it in its column move down by what it
+ * now covers (as the swap does), so a late readout never lies over its neighbour.
+ */
+function roomBelow(node) {
+  if (!drivenB.has(node)) return;
+  const canvas = app.canvas;
+  let bottom = node.pos[1] + node.size[1];
+  const r = document.querySelector(`[data-node-id="${node.id}"]`)?.getBoundingClientRect?.();
+  const c = canvas?.canvas?.getBoundingClientRect?.();
+  const ds = canvas?.ds;
+  if (r && c && ds && r.height > 0 && canvas?.graph === node.graph) {
+    bottom = Math.max(bottom, (r.bottom - c.top) / ds.scale - ds.offset[1]);
+  }
+  if (clearBelow(node.graph, node, bottom, globalThis.LiteGraph?.NODE_TITLE_HEIGHT ?? 30)) canvas?.setDirty?.(true, true);
 }
 
 function renderNodes() {
@@ -137,20 +179,59 @@ function renderNodes() {
   }
 }
 
+// ComfyUI's own graph with the DiT on B: H3RemoteModel (registered beside the pack's nodes) and the core sampler whose
+// forwards ran on B get a readout once their record ("connect", "sampler") names them
+const REMOTE_MODEL_TYPE = "H3RemoteModel";
+const drivenB = new WeakSet();
+
+function readoutType(node) {
+  const t = nodeClass(node);
+  if (drivenB.has(node)) return t === REMOTE_MODEL_TYPE ? t : "sampler";
+  return isH3NodeType(t) ? t : null;
+}
+
+/** The graph nodes an execution id names (`12`, or `57:12` inside a subgraph): the last part is the node's own id. */
+function nodesByExecId(id) {
+  const parts = String(id ?? "").split(":");
+  const own = parts[parts.length - 1];
+  return allNodes().filter((n) => String(n?.id) === own && (parts.length > 1) === (n?.graph && n.graph !== app.rootGraph));
+}
+
+/**
+ * A core sampler that drove B, and H3RemoteModel, get their readout when their first record comes (the templates
+ * and ComfyUI's own graphs were laid out without one; the node grows by what its text needs).
+ */
+function attachDriven(payload) {
+  if ((payload?.node_type !== "sampler" && payload?.node_type !== REMOTE_MODEL_TYPE) || !payload.node) return;
+  for (const node of nodesByExecId(payload.node)) {
+    if (drivenB.has(node)) continue;
+    drivenB.add(node);
+    attach(node);
+    // made after the node was laid out: fitted once the canvas (or the Vue node) has laid the readout out
+    for (const ms of [120, 600, 1500]) {
+      setTimeout(safe(() => {
+        const el = readouts.get(node);
+        if (el) renderNode(node, el);
+        roomBelow(node);
+      }), ms);
+    }
+  }
+}
+
 function attach(node) {
   syncWorkflow(); // a node made by loading another workflow shows that workflow's state
   if (state.bModels && nodeClass(node) === B_MODEL_NODE_TYPE) safe(setModelChoices)(node, state.bModels);
-  if (!node || readouts.has(node) || !isH3NodeType(nodeClass(node))) return;
+  if (!node || readouts.has(node) || !readoutType(node)) return;
   if (typeof node.addDOMWidget !== "function") return;
   if (node.widgets?.some?.((w) => w?.name === WIDGET_NAME)) return;
   const el = createReadoutElement(document);
-  reserve(el, readoutHeight(nodeClass(node)));
+  reserve(el, Math.max(readoutHeight(readoutType(node)), wrappedHeight(node)));
   // The classic canvas draws a DOM widget `margin` below its slot's top and that much above its bottom (10 units in
   // 1.49 and 1.58): the slot holds the readout and both margins, or the readout's last line runs under the widget
   // below it (the denoise's preview). Vue nodes lay the element out by its own height and ignore the slot.
   let widget;
   const margin = () => (Number.isFinite(widget?.margin) ? widget.margin : 0);
-  const height = () => (reserved.get(el) ?? readoutHeight(nodeClass(node))) + 2 * margin();
+  const height = () => (reserved.get(el) ?? readoutHeight(readoutType(node))) + 2 * margin();
   widget = node.addDOMWidget(WIDGET_NAME, "h3_readout", el, {
     serialize: false, hideOnZoom: false, getMinHeight: height, getMaxHeight: height,
   });
@@ -426,7 +507,9 @@ function listen() {
   }));
   on("h3.timing", (e) => {
     offerBModels(e.detail);
-    if (store.ingestTiming(e.detail)) changed();
+    const fresh = store.ingestTiming(e.detail);
+    attachDriven(e.detail);
+    if (fresh) changed();
   });
   on("h3.progress", (e) => {
     if (store.ingestProgress(e.detail)) changed();
@@ -449,6 +532,10 @@ function listen() {
   for (const kind of ["execution_success", "execution_error", "execution_interrupted"]) {
     on(kind, (e) => {
       store.executionEnd(kind, e.detail);
+      // H3RemoteModel refused before any record of it came: its sentence on the node, as the pack's nodes show theirs
+      if (kind === "execution_error" && e.detail?.node_type === REMOTE_MODEL_TYPE) {
+        attachDriven({ node_type: REMOTE_MODEL_TYPE, node: e.detail.node_id });
+      }
       changed();
       refreshTimings(true);
       refreshStatus(false);
@@ -513,11 +600,34 @@ export function runOnMachineB(node) {
   canvas?.emitBeforeChange?.(); // the frontend's change tracker: one undo step for the whole swap
   let made;
   try {
-    made = swapToRemoteModel(node, { createNode: (type) => globalThis.LiteGraph?.createNode?.(type) ?? null });
-  } finally {
+    made = swapToRemoteModel(node, { createNode: (type) => globalThis.LiteGraph?.createNode?.(type) ?? null,
+                                     rootNodes: allNodes() });
+  } catch (e) {
     canvas?.emitAfterChange?.();
+    throw e;
   }
   canvas?.setDirty?.(true, true);
+  // once laid out (a Vue node's element can be taller than its size said), the nodes below make room for what is
+  // drawn; the step ends then, so one undo still gives the UNETLoader back with every node where it was
+  let ended = false;
+  const settle = safe((last) => {
+    if (ended) return;
+    const el = document.querySelector(`[data-node-id="${made.id}"]`);
+    const ds = canvas?.ds;
+    let bottom = made.pos[1] + made.size[1];
+    const r = el?.getBoundingClientRect?.();
+    const c = canvas?.canvas?.getBoundingClientRect?.();
+    if (r && c && ds && r.height > 0) bottom = Math.max(bottom, (r.bottom - c.top) / ds.scale - ds.offset[1]);
+    if (clearBelow(made.graph ?? canvas?.graph, made, bottom, globalThis.LiteGraph?.NODE_TITLE_HEIGHT ?? 30)) {
+      canvas?.setDirty?.(true, true);
+    }
+    if (last) {
+      ended = true;
+      canvas?.emitAfterChange?.();
+    }
+  });
+  requestAnimationFrame(() => requestAnimationFrame(() => settle(false)));
+  setTimeout(() => settle(true), 350);
   return made;
 }
 

@@ -22,7 +22,12 @@ export const READOUT_PAD_PX = 6;
 export const READOUT_LINES = Object.freeze({
   H3LoadEncoders: 6, H3RemoteDiT: 9, H3LoRA: 4, H3Keyframes: 2, H3References: 2, H3PromptList: 3, H3TextEncode: 3,
   H3RemoteDenoise: 8, H3Decode: 5, H3SaveVideo: 3,
+  // ComfyUI's own graph with the DiT on B: H3RemoteModel, and the core sampler that drove B ("sampler" records)
+  H3RemoteModel: 5, sampler: 6,
 });
+/** The readouts on ComfyUI's own nodes: what their records call the work, on B. */
+const CORE_VERB = { sampler: "sampling", H3RemoteModel: "connect" };
+const CORE_MACHINE = { sampler: "B", H3RemoteModel: "B" };
 
 /** The readout's height in CSS pixels for a node type (or for `lines` lines). */
 export function readoutHeight(nodeType, lines = null) {
@@ -184,6 +189,10 @@ function bodyLines(type, timing, summary) {
     if (file) line.push(detail(file, "file"));
     if (bytes) line.push(detail(fmtBytes(bytes), "bytes"));
     if (line.length) lines.push(line);
+  } else if (type === "sampler" || type === "H3RemoteModel") {
+    // forwards, B's compute, the hand-offs and the LoRAs of a core sampler; the connection of H3RemoteModel
+    const text = typeof s.status === "string" && s.status ? s.status : note;
+    for (const [i, part] of text.split("; ").filter(Boolean).entries()) lines.push([detail(part, `note${i}`)]);
   } else if (note) {
     for (const [i, part] of sentenceParts(note).entries()) lines.push([detail(part, `note${i}`)]);
   }
@@ -198,13 +207,13 @@ function bodyLines(type, timing, summary) {
 export function readoutModel(store, nodeId, { warnShare = DEFAULT_WARN_SHARE, nodeType = null } = {}) {
   const ns = store ? store.findNode(nodeId) : null;
   const type = ns?.node_type ?? nodeType ?? null;
-  const verb = NODE_VERB[type] ?? "compute";
+  const verb = NODE_VERB[type] ?? CORE_VERB[type] ?? "compute";
   const state = ns?.state ?? "idle";
   const model = { state, classes: ["h3-readout", `h3-state-${state}`], title: "", lines: [], slow: [] };
   const timing = ns?.timing ?? null;
   const summary = timing?.summary ?? null;
   const ownMachine = (summary && (summary.machine === "A" || summary.machine === "B") ? summary.machine : null) ??
-    NODE_MACHINE[type] ?? "A";
+    NODE_MACHINE[type] ?? CORE_MACHINE[type] ?? "A";
   const live = ns?.progress && !ns.progress.final && (!timing || timing.request_id !== ns.progress.request_id);
 
   if (state === "error") {

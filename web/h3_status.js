@@ -109,8 +109,17 @@ export function statusModel(status, { fetchError = null } = {}) {
   const health = { A: null, B: null };
   for (const a of actors) {
     const h = a.health && typeof a.health === "object" ? a.health : {};
-    m.actors.push({ name: a.name ?? "?", namespace: a.namespace ?? null, partition: a.partition ?? null,
-                    error: a.error ?? null, healthy: !a.error });
+    // one line per worker spec: this process's connections to it (one per model / partition) are one actor line
+    const same = m.actors.find((x) => x.name === (a.name ?? "?") && x.namespace === (a.namespace ?? null));
+    if (same) {
+      if (a.partition && !String(same.partition ?? "").split(", ").includes(a.partition)) {
+        same.partition = same.partition ? `${same.partition}, ${a.partition}` : a.partition;
+      }
+      if (a.error && !same.error) Object.assign(same, { error: a.error, healthy: false });
+    } else {
+      m.actors.push({ name: a.name ?? "?", namespace: a.namespace ?? null, partition: a.partition ?? null,
+                      error: a.error ?? null, healthy: !a.error });
+    }
     for (const role of ["A", "B"]) if (!health[role] && h[role]) health[role] = h[role];
   }
   m.encoders = Array.isArray(status.encoders) ? status.encoders.filter((e) => e && typeof e === "object") : [];

@@ -77,12 +77,82 @@ function setValue(widget, value) {
  *
  * `createNode(type)` makes a node (LiteGraph.createNode). Returns the new node, or throws with a sentence.
  */
-export function swapToRemoteModel(node, { createNode, graph = node?.graph } = {}) {
+function box(n) {
+  const [x, y] = [Number(n?.pos?.[0]) || 0, Number(n?.pos?.[1]) || 0];
+  const [w, h] = [Number(n?.size?.[0]) || 0, Number(n?.size?.[1]) || 0];
+  return { x, y, w, h, bottom: y + h, right: x + w };
+}
+
+/**
+ * The swap leaves no overlap: the new node keeps the old one's width where its widgets fit it, and when it is taller
+ * every node below it in its column (across its width, under the old node's top) moves down by what it grew, so
+ * the column keeps its spacing (ComfyUI's i2v template: "Load LoRA" sat 52 units under the taller node). Returns
+ * how far they moved.
+ */
+export function makeRoom(graph, made, old) {
+  const want = typeof made.computeSize === "function" ? made.computeSize() : made.size;
+  const width = Math.max(old.w, Number(want?.[0]) || 0);
+  const height = Math.max(Number(made.size?.[1]) || 0, Number(want?.[1]) || 0);
+  if (typeof made.setSize === "function") made.setSize([width, height]);
+  else made.size = [width, height];
+  const grew = made.pos[1] + height - old.bottom;
+  if (!(grew > 0)) return 0;
+  const right = made.pos[0] + width;
+  for (const n of graph?.nodes ?? graph?._nodes ?? []) {
+    if (n === made) continue;
+    const b = box(n);
+    const across = b.x < right && b.right > made.pos[0];
+    if (across && b.y >= old.y + 1) n.pos = [b.x, b.y + grew];
+  }
+  return grew;
+}
+
+/**
+ * After the page laid the new node out (a Vue node's element may be taller than its `size` said): every node of its
+ * column that starts above `bottom` (the node's drawn bottom, canvas units) plus a gap, title bar included, and all
+ * below them, move down by what is missing. Returns how far they moved (0: nothing overlapped).
+ */
+export function clearBelow(graph, made, bottom, title = 30, gap = 10) {
+  const left = Number(made.pos?.[0]) || 0;
+  const right = left + (Number(made.size?.[0]) || 0);
+  const top = Number(made.pos?.[1]) || 0;
+  const column = (graph?.nodes ?? graph?._nodes ?? []).filter((n) => {
+    if (n === made) return false;
+    const b = box(n);
+    return b.x < right && b.right > left && b.y > top;
+  });
+  const first = Math.min(...column.map((n) => box(n).y - title));
+  const need = bottom + gap - first;
+  if (!column.length || !(need > 0)) return 0;
+  for (const n of column) n.pos = [box(n).x, box(n).y + need];
+  return need;
+}
+
+/** The widgets a subgraph's node outside shows for the subgraph input `name` (a promoted `unet_name`). */
+export function promotedWidgets(rootNodes, graph, name) {
+  const out = [];
+  for (const n of rootNodes ?? []) {
+    if (n?.subgraph !== graph) continue;
+    for (const w of n.widgets ?? []) if (w?.name === name || w?.label === name) out.push(w);
+  }
+  return out;
+}
+
+/** A combo's choices replaced in place (a Vue node's select keeps the array it was given). */
+export function setChoices(widget, values) {
+  if (!widget?.options || !Array.isArray(values)) return;
+  const have = widget.options.values;
+  if (Array.isArray(have) && !Object.isFrozen(have)) have.splice(0, have.length, ...values);
+  else widget.options.values = [...values];
+}
+
+export function swapToRemoteModel(node, { createNode, graph = node?.graph, rootNodes = [] } = {}) {
   if (!isSwappable(node)) throw new Error(`"${SWAP_MENU_LABEL}" swaps a ${SWAP_FROM_TYPE}, not ${typeOf(node)}`);
   if (!graph || typeof graph.add !== "function") throw new Error(`the ${SWAP_FROM_TYPE} is in no graph`);
   const made = createNode?.(SWAP_TO_TYPE);
   if (!made) throw new Error(`no ${SWAP_TO_TYPE} node type: is the comfy-h3 pack loaded by ComfyUI?`);
   const plan = swapPlan(graph, node);
+  const old = box(node);
   made.pos = [...plan.pos];
   graph.add(made);
   setValue(widgetOf(made, MODEL_NAME), plan.unetName);
@@ -111,5 +181,13 @@ export function swapToRemoteModel(node, { createNode, graph = node?.graph } = {}
   }
   // the promoted value (if the link was refused or re-made) never overrides the UNETLoader's own
   setValue(widgetOf(made, MODEL_NAME), plan.unetName);
+  makeRoom(graph, made, old);
+  // a promoted unet_name (the subgraph's input, shown on its node outside) offers the new node's list: B's files
+  const choices = widgetOf(made, MODEL_NAME)?.options?.values;
+  for (const i of plan.inputs) {
+    if (Number(i.origin_id) !== SUBGRAPH_INPUT_ID || i.name !== MODEL_NAME) continue;
+    const name = graph.inputs?.[i.origin_slot]?.name ?? MODEL_NAME;
+    for (const w of promotedWidgets(rootNodes, graph, name)) setChoices(w, choices);
+  }
   return made;
 }

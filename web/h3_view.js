@@ -474,7 +474,10 @@ export class H3Store {
       target.records.push(rec);
       target.records.sort((a, b) => (a.start ?? Infinity) - (b.start ?? Infinity) || stageRank(a.stage) - stageRank(b.stage));
       target.version += 1;
-      if (target.records.some((r) => r.stage === "decode" || r.stage === "save")) target.state = "done";
+      // a request ends with its decode or save; a core sampler's sampling is one record sent when it ended
+      if (target.records.some((r) => r.stage === "decode" || r.stage === "save" || r.stage === "sampling")) {
+        target.state = "done";
+      }
       added += 1;
     }
     return added;

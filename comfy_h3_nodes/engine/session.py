@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..cluster import ray_cluster as cl
 from .contract.configs import NAMESPACE, BConfig
+from .contract.request import NEW_WORKER
 from .contract.timing import TimingLog
 from .model import catalog
 
@@ -184,13 +185,15 @@ def b_model_list(bound: float = PICKER_BOUND_S) -> list[str]:
 
 def dit(address: str, name: str, namespace: str, model_path: str, partition: str = "transformer",
         dtype: str = "bfloat16", attention_backend: str = "sdpa", timeouts=None, threads: int | None = None,
-        precision: str = "auto", actors=None, parallel: str = "off"):
+        precision: str = "auto", actors=None, parallel: str = "off", asked_by: str = ""):
     """An executor (A in this process) bound to the named B actor; started, topology and health checked, B's
     settings reconciled with these (see ``H3Executor.reconcile_b_config``) and B's model list refreshed.
     ``actors``: the :class:`~.executor.ActorClasses` to place (the caller's composition root decides them)."""
     from .executor import H3Executor  # noqa: PLC0415 - Ray loads when a node first runs, not at import
 
     ensure_cluster(address)
+    allow_new = name.startswith(NEW_WORKER)  # another worker on B, asked for in so many words
+    name = name.removeprefix(NEW_WORKER).strip()
     key = (address, name, namespace, str(model_path), partition, dtype, attention_backend, precision, parallel)
     with _lock:
         ex = _executors.get(key)
@@ -199,6 +202,7 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
             ex = None
         if ex is not None:
             ex.bclient.config.search_roots = tuple(A_MODEL_ROOTS)  # where B looks a model name up (A's, may change)
+            ex.bclient.config.asked_by = asked_by  # the node input a refused name came from
             try:
                 health = ex.check_health()
             except Exception:  # noqa: BLE001 - the B actor or its node went away: rebuild once, below
@@ -209,9 +213,12 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
                 return ex
         ex = H3Executor(None, BConfig(str(model_path), partition=partition, dtype=dtype,
                                       attention_backend=attention_backend, precision=precision, name=name,
-                                      namespace=namespace, threads=threads, search_roots=tuple(A_MODEL_ROOTS)),
+                                      namespace=namespace, threads=threads, search_roots=tuple(A_MODEL_ROOTS),
+                                      asked_by=asked_by),
                         timeouts=timeouts, actors=actors,
                         parallel=parallel)
+        # a machine B of its own: a name that matches none of its workers is refused, not a second DiT loaded there
+        ex.bclient.refuse_unknown, ex.bclient.allow_new = CLUSTER.mode == "address", allow_new
         ex.start()
         ex._cluster_started = CLUSTER.started
         ex._session_key, ex._session_opts = key, {"timeouts": timeouts, "threads": threads, "actors": actors}

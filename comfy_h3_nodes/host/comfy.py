@@ -102,6 +102,18 @@ class ComfyHost:
         node = getattr(PromptServer.instance, "last_node_id", None)
         return None if node is None else str(node)
 
+    def running_prompt(self) -> dict | None:
+        """The API prompt ComfyUI executes now (its queue's running item of the current prompt id), or None."""
+        server = PromptServer.instance
+        pid = getattr(server, "last_prompt_id", None)
+        try:
+            for item in list(server.prompt_queue.currently_running.values()):
+                if item[1] == pid:
+                    return item[2]
+        except Exception:  # noqa: BLE001 - a queue of another shape: the readout goes without it
+            return None
+        return None
+
     def send_event(self, event: str, data: dict) -> None:
         PromptServer.instance.send_sync(event, data, PromptServer.instance.client_id)
 

@@ -109,6 +109,9 @@ class LocalHost:
     def executing_node(self) -> str | None:
         return None
 
+    def running_prompt(self) -> dict | None:
+        return None
+
     def send_event(self, event: str, data: dict) -> None:
         self.events.append((event, data))
         for listener in list(self.listeners):

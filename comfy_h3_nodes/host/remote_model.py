@@ -86,6 +86,22 @@ def refuse_patches(options: dict) -> None:
             "there for ComfyUI's own model); remove that node, or use core's UNETLoader for this graph.")
 
 
+def refuse_other_workflow(partition: str, payload: dict, file_name: str = "") -> None:
+    """A transformer file of another workflow than the graph's is refused in one sentence: a ref2va file
+    (``transformer_ref``) in a graph without reference images (t2va / i2va: MiniMaxH3ImageToVideo), or a t2va / i2va
+    file in a graph with them (MiniMaxH3ReferenceToVideo). B would otherwise sample with the wrong weights."""
+    refs = bool(payload.get("refs"))
+    file = f" ({file_name})" if file_name else ""
+    if partition == "transformer_ref" and not refs:
+        raise ValueError(f"H3RemoteModel's unet_name is a ref2va transformer{file}, but this graph has no reference "
+                         "images (a t2va / i2va graph: MiniMaxH3ImageToVideo); choose the t2va / i2va file in "
+                         "unet_name, or condition with MiniMaxH3ReferenceToVideo.")
+    if partition != "transformer_ref" and refs:
+        raise ValueError(f"H3RemoteModel's unet_name is a t2va / i2va transformer{file}, but this graph conditions on "
+                         "reference images (MiniMaxH3ReferenceToVideo: a ref2va graph); choose the ref2va file in "
+                         "unet_name, or condition with MiniMaxH3ImageToVideo.")
+
+
 class RemoteH3Model(c_dit.MiniMaxH3Model):
     """ComfyUI's H3 diffusion model whose forwards run on B. No parameters or buffers live here."""
 
@@ -94,6 +110,7 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
                  partition: str = "transformer"):
         torch.nn.Module.__init__(self)
         self.partition = partition
+        self.file_name = ""  # the file B serves, as the node names it (build_model sets it)
         self.file_tensors: dict = {}  # name -> (shape, dtype) of the file B serves (build_model sets them)
         for name in ("dtype", "hidden_size", "patch_size", "latents_dim", "audio_latents_dim", "sigma_shift_video",
                      "sigma_shift_audio", "use_adaln_curves"):
@@ -169,6 +186,7 @@ class RemoteH3Model(c_dit.MiniMaxH3Model):
     def _forward(self, x, timestep, context, transformer_options={}, minimax_payload=None, denoise_mask=None,
                  audio_denoise_mask=None, **kwargs):
         refuse_patches(transformer_options)
+        refuse_other_workflow(self.partition, minimax_payload or {}, self.file_name)
         sampling = self.sampling
         own = sampling is None  # a forward outside a sampler run (another pack calling the model): one of its own
         if own:
@@ -320,7 +338,7 @@ def _sampling_wrapper(model: RemoteH3Model):
 
 def build_model(file_info: dict, open_sampling: Callable[[], remote_forward.RemoteSampling],
                 interrupted: Callable[[], bool], dtype: torch.dtype | None = None,
-                on_done: Callable[[dict], None] | None = None, partition: str = "transformer"):
+                on_done: Callable[[dict], None] | None = None, partition: str = "transformer", file_name: str = ""):
     """ComfyUI's ``ModelPatcher`` for the file B serves (``file_info``: B's ``transformer_file()``), every forward
     on B. ``dtype``: the compute dtype ComfyUI's sampler casts to (default: ComfyUI's choice for the file)."""
     sd = {k: torch.empty(shape, dtype=_DTYPES.get(dt, torch.float32), device="meta")
@@ -338,6 +356,7 @@ def build_model(file_info: dict, open_sampling: Callable[[], remote_forward.Remo
     model = config.get_model(sd, "", device=torch.device("meta"))
     model.diffusion_model = RemoteH3Model(model.diffusion_model, open_sampling, interrupted, on_done,
                                          partition)
+    model.diffusion_model.file_name = file_name
     model.diffusion_model.file_tensors = {k: (t.shape, t.dtype) for k, t in sd.items()
                                           if not comfy_keys.is_side_key(k)}
     model.memory_required = lambda *args, **kwargs: 0  # the DiT's working memory is on B

@@ -216,3 +216,22 @@ test("a rank lost mid-denoise: the node says so and counts the re-run from its f
   assert.match(text, /^B denoise 2\.0 s · forward 1 of 49 \(50 sigma points\)/);  // not 7 of 49
   assert.match(text, /rank A lost at step 6: re-running on B/);
 });
+
+test("ComfyUI's own graph with the DiT on B: the sampler shows forwards, transfers and LoRAs; H3RemoteModel its note", () => {
+  const store = new H3Store();
+  const note = "3 forwards on B (h3_dit): B compute 0.12 s, A->B 0.003 s, B->A 0.002 s in all; per forward 0.040 s " +
+    "compute, 0.0017 s transfer; LoRA h3_test_lora_a.safetensors at 0.6";
+  store.ingestTiming(timing("sampler", "10", [rec("sampling", "B", 10, 11, { note })],
+                            { machine: "B", compute_s: 0.12, status: note }, "s1"));
+  const connect = "B h3_dit on 127.0.0.3, B was already resident; ComfyUI's MODEL of minimax_h3_t2va_pruned_bf16.safetensors";
+  store.ingestTiming(timing("H3RemoteModel", "4", [rec("connect", "B", 9, 9.5, { note: connect })],
+                            { machine: "B", compute_s: 0.5, status: connect }));
+  const sampler = readoutText(readoutModel(store, "10", { nodeType: "sampler" }));
+  assert.match(sampler, /^B sampling 120 ms/);
+  assert.match(sampler, /3 forwards on B \(h3_dit\): B compute 0\.12 s, A->B 0\.003 s, B->A 0\.002 s in all/);
+  assert.match(sampler, /LoRA h3_test_lora_a\.safetensors at 0\.6/);
+  const model = readoutText(readoutModel(store, "4", { nodeType: "H3RemoteModel" }));
+  assert.match(model, /^B connect 500 ms/);
+  assert.match(model, /ComfyUI's MODEL of minimax_h3_t2va_pruned_bf16\.safetensors/);
+  assert.ok(readoutHeight("sampler") > readoutHeight("KSampler"));
+});

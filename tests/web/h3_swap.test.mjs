@@ -114,3 +114,44 @@ test("a swap without the node type or of another node says why", () => {
   assert.throws(() => swapToRemoteModel(unet, { createNode: () => null }), /H3RemoteModel/);
   assert.throws(() => swapToRemoteModel({ type: "VAELoader" }, { createNode: create }), /UNETLoader/);
 });
+
+test("the swap leaves no overlap: the nodes below move down by what the new node grew; the old width is kept", async () => {
+  const { makeRoom, promotedWidgets, setChoices } = await import("../../web/h3_swap.js");
+  const graph = { nodes: [] };
+  const old = { x: 100, y: 100, w: 300, h: 82, bottom: 182, right: 400 };
+  const made = { pos: [100, 100], size: [260, 60], computeSize: () => [280, 230],
+                 setSize(s) { this.size = s; } };
+  const lora = { pos: [100, 230], size: [300, 80] }; // under the old node, 48 units below its bottom
+  const beside = { pos: [450, 230], size: [200, 80] }; // another column: stays
+  const above = { pos: [100, 0], size: [300, 60] };
+  graph.nodes.push(made, lora, beside, above);
+  const grew = makeRoom(graph, made, old);
+  assert.deepEqual(made.size, [300, 230]);
+  assert.equal(grew, 100 + 230 - 182);
+  assert.deepEqual(lora.pos, [100, 230 + grew]);
+  assert.ok(lora.pos[1] >= made.pos[1] + made.size[1], "the LoRA node sits below the new node");
+  assert.deepEqual(beside.pos, [450, 230]);
+  assert.deepEqual(above.pos, [100, 0]);
+  // the promoted unet_name of the subgraph's node outside gets the new list, in place
+  const sub = {};
+  const values = ["a.safetensors", "other_model.safetensors"];
+  const outside = { subgraph: sub, widgets: [{ name: "unet_name", options: { values } }] };
+  const [w] = promotedWidgets([outside, { subgraph: {} }], sub, "unet_name");
+  setChoices(w, ["minimax_h3_t2va_pruned_bf16.safetensors"]);
+  assert.equal(w.options.values, values);
+  assert.deepEqual(values, ["minimax_h3_t2va_pruned_bf16.safetensors"]);
+});
+
+test("once laid out, a node drawn taller than its size said pushes its column down by what overlaps", async () => {
+  const { clearBelow } = await import("../../web/h3_swap.js");
+  const made = { pos: [430, 420], size: [640, 330] };
+  const lora = { pos: [430, 782], size: [640, 130] }; // its title bar starts 30 above: 752
+  const below = { pos: [430, 1000], size: [640, 100] };
+  const beside = { pos: [1200, 700], size: [300, 100] };
+  const graph = { nodes: [made, lora, below, beside] };
+  assert.equal(clearBelow(graph, made, 778, 30, 10), 778 + 10 - 752);
+  assert.deepEqual(lora.pos, [430, 818]);
+  assert.deepEqual(below.pos, [430, 1036]);
+  assert.deepEqual(beside.pos, [1200, 700]);
+  assert.equal(clearBelow(graph, made, 778, 30, 10), 0); // nothing overlaps any more
+});

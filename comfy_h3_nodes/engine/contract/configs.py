@@ -72,6 +72,8 @@ class BConfig(SideConfig):
     #: where a worker with no model roots of its own looks up a model name (``MiniMax-H3``, relative as the pickers
     #: list it): A's model roots, which the embedded cluster's B and A's DiT rank share; B's own roots come first
     search_roots: tuple = ()
+    #: the node and input the model name came from, as B's refusal of a name names it ("" : H3RemoteDiT's model_path)
+    asked_by: str = ""
 
 
 @dataclass

@@ -166,9 +166,15 @@ def check_cluster_address(address: Any) -> str:
     return addr
 
 
+#: how actor_name asks for another DiT worker on B in so many words ("new:h3_dit_2"): a name that matches no worker
+#: while B holds one is refused otherwise (a typo would load a second copy of the DiT)
+NEW_WORKER = "new:"
+
+
 def parse_actor_spec(spec: str) -> tuple[str, ...]:
     """``"a, b*"`` -> ``("a", "b*")``; an empty spec is an error."""
-    parts = tuple(p.strip() for p in (spec or "").split(",") if p.strip())
+    spec = (spec or "").strip()
+    parts = tuple(p.strip() for p in spec.removeprefix(NEW_WORKER).split(",") if p.strip())
     if not parts:
         raise ValueError("actor_name is empty; give a name, a comma-separated list or a prefix with '*' "
                          "(default h3_dit*).")

@@ -26,6 +26,7 @@ import ray
 from ...cluster import ray_cluster as cl
 from ..contract import wire
 from ..contract.configs import PARALLEL, BConfig, Timeouts
+from ..contract.request import NEW_WORKER
 from ..contract.errors import H3Cancelled, H3Error, H3Timeout, ModelFolderError
 from ..contract.timing import StageRecord, StepRecord
 from ..model import catalog
@@ -33,7 +34,7 @@ from ..model.backends import BACKENDS
 from . import pool as pl
 from . import progress
 from .progress import await_ref
-from .group import Groups
+from .group import A_RANK_NAME, Groups
 from .failures import NODE_SETTLE_S, WORKER_LOST, WorkerLost, clean, first_line, node_lost_error, remote_error
 from .handoff import unwrap_ray_error
 
@@ -78,6 +79,15 @@ class BClient:
         self.pending = 0  # this caller's requests that are, or soon will be, B's work
         self._pick_lock: asyncio.Lock | None = None  # one pick at a time (made on the executor loop)
 
+    #: a name that matches no worker while B holds others is refused (a machine B of its own; see start)
+    refuse_unknown = False
+    #: the caller asked for a new worker in so many words (actor_name "new:<name>")
+    allow_new = False
+
+    def held_workers(self) -> list[str]:
+        """The DiT workers of this namespace (A's DiT rank of parallel denoise is not one of them)."""
+        return [n for n in pl.DiTPool("*", self.config.namespace).names() if n != A_RANK_NAME]
+
     # ------------------------------------------------------------------------------------------------ start
     def start(self) -> None:
         """Find the pool's workers; with none (the embedded cluster), start one on a B node through the factory."""
@@ -89,6 +99,13 @@ class BClient:
             raise H3Error(f"no DiT worker matching {self.config.name!r} in namespace {self.config.namespace!r}; "
                           "start one with `python -m remote_worker setup` on machine B.")
         name = pl.create_name(self.config.name)
+        held = self.held_workers() if self.refuse_unknown and not self.allow_new else []
+        if held:  # a typo of a name would load a second copy of the DiT on B: only when asked in so many words
+            raise H3Error(
+                f"actor_name {self.config.name!r} names no DiT worker in namespace {self.config.namespace!r}, and B "
+                f"already holds {', '.join(held)}: another worker would load a second copy of the DiT there (out of "
+                f"memory on a Spark). Set actor_name to {held[0]!r} (or h3_dit* for any of them), or to "
+                f"{NEW_WORKER + name!r} to start another worker on purpose.")
         self.primary = self.start_dit(asdict(dataclasses.replace(self.config, name=name)))
         self.primary_name = name
 
@@ -104,7 +121,7 @@ class BClient:
         want, changes = self.config, {}
         # a name as B's picker lists it (relative to B's model roots) is the model B serves under that name
         if (want.model_dir and not catalog.same_model(want.model_dir, b.get("model") or b["model_dir"])
-                and want.model_dir.strip() != b.get("model_name")):
+                and catalog.comfy_dit_name(want.model_dir.strip()) != catalog.comfy_dit_name(b.get("model_name") or "")):
             changes["model_dir"] = want.model_dir
             if want.partition != b.get("partition"):
                 changes["partition"] = want.partition
@@ -135,7 +152,9 @@ class BClient:
         log.info("B actor %r serves other settings; reconfiguring it: %s", self.config.name, desc)
         try:
             # where a worker without model roots of its own looks the name up (A's model roots: the embedded B)
-            ask = {**changes, "search_roots": list(self.config.search_roots)} if "model_dir" in changes else changes
+            ask = ({**changes, "search_roots": list(self.config.search_roots),
+                    **({"asked_by": self.config.asked_by} if self.config.asked_by else {})}
+                   if "model_dir" in changes else changes)
             done = ray.get(actor.reconfigure.remote(ask), timeout=self.timeouts.start)
         except ray.exceptions.GetTimeoutError as exc:
             raise H3Timeout(f"B did not finish reconfiguring ({desc}) within {self.timeouts.start:.0f} s.") from exc

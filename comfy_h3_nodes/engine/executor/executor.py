@@ -240,7 +240,8 @@ class H3Executor:
         sampling.ran_on = {"group": group.group_id, "method": group.method,
                            "ranks": [f"{r.machine} {r.name}" for r in group.ranks],
                            "formed_s": round(group.formed_s, 4) if group is not before else 0.0,
-                           "a_start_s": round(timed.get("a_start_s", 0.0), 4)}
+                           "a_start_s": round(timed.get("a_start_s", 0.0), 4),
+                           "reloaded_s": dict(group.reloaded_s) if group is not before else {}}
         return sampling
 
     def _ranks_lost(self, lost: list) -> None:

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 
@@ -63,6 +63,7 @@ class DiTGroup:
     method: str
     timeout_s: float
     formed_s: float = 0.0
+    reloaded_s: dict = field(default_factory=dict)  # machine -> seconds a released rank took to load again on joining
 
     @property
     def key(self) -> tuple:
@@ -169,7 +170,8 @@ class Groups:
             raise ParallelError(f"the DiT group of {names} could not form: {why}") from None
         heads = joined[0]["heads"]
         self.current = DiTGroup(group_id, list(ranks), method_for(heads, len(ranks), self.backend), timeout_s,
-                                time.perf_counter() - t0)
+                                time.perf_counter() - t0,
+                                {r.machine: j["reloaded_s"] for r, j in zip(ranks, joined) if j.get("reloaded_s")})
         log.info("formed DiT group %s: %s (%s, collective timeout %.1f s) in %.2f s", group_id,
                  [r.describe() for r in ranks], self.current.method, timeout_s, self.current.formed_s)
         return self.current

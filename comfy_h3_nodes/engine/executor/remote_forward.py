@@ -74,6 +74,8 @@ class RemoteSampling:
     _contexts: dict = field(default_factory=dict)
     lora_ref: object = None  # the sampling's LoRA patch set (ComfyLoraSet), put once; None: no LoRA
     lora_modules: int = 0  # how many of B's modules it patched (B's answer)
+    #: machine -> seconds a worker spent loading its model again (released by "Release B's model" or /free)
+    reloaded_s: dict = field(default_factory=dict)
     lora_bytes_fetched: int = 0  # what B fetched of it for this sampling (0: B had it from an earlier one)
     group: object = None  # a DiTGroup (parallel): every forward runs on all its ranks, rank 0's output is kept
     on_lost: Callable | None = None  # told the ranks lost mid-sampling (the caller drops its group)
@@ -133,7 +135,8 @@ class RemoteSampling:
             err = remote_error("B", f"forward {index + 1} of ComfyUI's sampler", self.sampling_id, errors[0][1])
             if isinstance(err, H3Cancelled):
                 raise err from None
-            raise H3Error(f"{err} The sampler on A stopped at forward {index + 1}; queue the prompt again: the "
+            said = str(err).removesuffix(": run the request again.").rstrip(".")  # said once, below
+            raise H3Error(f"{said}. The sampler on A stopped at forward {index + 1}; queue the prompt again: the "
                           "next sampling picks a DiT worker that answers.") from None
         got = time.time()
         result, info = answers[0]  # rank 0's output is the forward's
@@ -143,6 +146,10 @@ class RemoteSampling:
         crossed, offset = answers[b_side][1], targets[b_side][2]
         self.lora_modules = info.get("lora_modules", 0)
         self.lora_bytes_fetched += crossed.get("lora_bytes", 0)
+        for target, (_, said) in zip(targets, answers):  # a released worker loaded its model for this forward
+            if said.get("reloaded_after_release_s"):
+                self.reloaded_s[target[3]] = round(self.reloaded_s.get(target[3], 0.0)
+                                                   + said["reloaded_after_release_s"], 4)
         arrived = crossed["arrived"] - offset
         ended = info["ended"] - targets[0][2]
         self.records.append(ForwardRecord(
@@ -216,6 +223,7 @@ class RemoteSampling:
                 "ranks_compute_s": [round(sum(c), 6) for c in zip(*(r.ranks_compute_s for r in self.records
                                                                      if r.ranks_compute_s))],
                 "lora_modules": self.lora_modules, "lora_bytes_fetched": self.lora_bytes_fetched,
+                "reloaded_s": dict(self.reloaded_s),
                 "per_forward": per, "started": self.started, "wall_s": round(time.time() - self.started, 6),
                 "records": [asdict(r) for r in self.records]}
 

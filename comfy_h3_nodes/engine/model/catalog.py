@@ -133,6 +133,45 @@ def under_roots(name: str, roots: Iterable[str | os.PathLike], exists=os.path.ex
     return None
 
 
+#: ComfyUI's folders of diffusion models in a ``models/`` tree: its UNETLoader names a file relative to one of them
+DIT_FOLDERS = ("diffusion_models", "unet")
+
+
+def dit_spellings(name: str) -> list[str]:
+    """What a DiT name may mean relative to one model root, whatever layout the root has: the name itself (a folder
+    of files, or a ``diffusion_models`` folder as root), under the root's ComfyUI folders (the root is a ComfyUI
+    ``models/`` tree: ``X`` is ``diffusion_models/X``), and without its ComfyUI folder (``diffusion_models/X`` where
+    the root is that folder itself)."""
+    parts = pathlib.PurePosixPath(name).parts
+    if len(parts) > 1 and parts[0] in DIT_FOLDERS:
+        return [name, str(pathlib.PurePosixPath(*parts[1:]))]
+    return [name, *(f"{f}/{name}" for f in DIT_FOLDERS)]
+
+
+def find_named(name: str, roots: Iterable[str | os.PathLike], exists=os.path.exists) -> str | None:
+    """The one resolver of a model name (relative) on either machine: under the first of ``roots`` that holds one of
+    its :func:`dit_spellings`, so ``minimax_h3_t2va_pruned_bf16.safetensors`` (UNETLoader's name) and
+    ``diffusion_models/minimax_h3_t2va_pruned_bf16.safetensors`` (the name under a ``models/`` root) mean the same
+    file whether the root is ``models/``, ``models/diffusion_models`` or a folder of files. None: no root holds it."""
+    if os.path.isabs(name):
+        return None
+    for root in roots:
+        for spelling in dit_spellings(name):
+            candidate = os.path.join(os.path.expanduser(str(root)), spelling)
+            if exists(candidate):
+                return os.path.abspath(candidate)
+    return None
+
+
+def comfy_dit_name(name: str) -> str:
+    """The name ComfyUI's UNETLoader gives a transformer file: relative to its ComfyUI folder (``X`` for
+    ``diffusion_models/X``); any other name as it is."""
+    parts = pathlib.PurePosixPath(name).parts
+    if not os.path.isabs(name) and len(parts) > 1 and parts[0] in DIT_FOLDERS:
+        return str(pathlib.PurePosixPath(*parts[1:]))
+    return name
+
+
 def _walk(roots: Iterable[str | os.PathLike], depth: int, stop) -> Iterable[pathlib.Path]:
     """Every folder under ``roots`` down to ``depth`` levels (hidden ones skipped; missing or unreadable ones
     skipped), breadth first; ``stop(folder)`` true yields it and does not descend into it."""
