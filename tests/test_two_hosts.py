@@ -1,0 +1,118 @@
+"""A and B as separate hosts (scripts/two_hosts.py): a Spark's two links, cgroup CPUs and memory, the docs' commands.
+
+``make test-two-hosts`` runs these (``make test`` leaves this file out). Needs root; the hosts are made for the module
+and removed after it (``two_hosts.py down``). Every wait is bounded; traffic goes only to the namespaces' addresses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from two_hosts_support import (
+    A_MGMT, A_QSFP, A_QSFP_IF, B_MGMT, B_QSFP, B_QSFP_IF, HARNESS, LAN_MGMT, MGMT_IF, harness, hosts,  # noqa: F401
+)
+
+
+def test_two_hosts_down_removes_everything_after_a_killed_run(tmp_path):
+    """First (before the module's hosts are up): its own hosts: up, a process left running in h3b, the state file lost as after a kill -9;
+    ``down`` still removes the namespaces, the cgroups and the process. Then ``up`` again for the tests after it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    env = dict(os.environ, H3HOSTS_STATE=str(tmp_path / "state"))
+    run = lambda *a, **k: subprocess.run([sys.executable, HARNESS, *a], capture_output=True, text=True,  # noqa: E731
+                                         env=env, timeout=60, **k)
+    had = "h3a" in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    if had:
+        pytest.skip("the hosts are up (the module's fixture or by hand): run this test alone")
+    assert run("up").returncode == 0
+    sleeper = subprocess.Popen([sys.executable, HARNESS, "run", "h3b", "--", "sleep", "120"], env=env,
+                               start_new_session=True)
+    try:
+        import time
+
+        for _ in range(50):
+            if subprocess.run(["ip", "netns", "pids", "h3b"], capture_output=True, text=True).stdout.strip():
+                break
+            time.sleep(0.1)
+        (tmp_path / "state" / "state.json").unlink()
+        out = run("down")
+        assert out.returncode == 0 and "nothing of ours is left" in out.stdout, out.stdout + out.stderr
+        assert sleeper.wait(timeout=10) != 0
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        assert not {"h3a", "h3b", "h3b2", "h3lan", "h3sw"} & set(names), names
+        left = subprocess.run(["find", "/sys/fs/cgroup", "-maxdepth", "4", "-name", "h3hosts"], capture_output=True,
+                              text=True, timeout=30).stdout.split()
+        assert left == [], left
+        out = run("run", "h3a", "--", "true")
+        assert out.returncode == 2 and "not up" in out.stderr
+    finally:
+        sleeper.kill()
+        run("down")
+
+
+def test_two_hosts_says_in_one_sentence_when_not_root():
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, HARNESS,
+                          "up"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.strip().count("\n") == 0 and "needs root" in out.stderr, out.stderr
+
+
+def test_two_hosts_have_a_sparks_links_and_their_own_cpu_and_memory(hosts):
+    st = hosts.status()
+    assert st["up"] and set(st["hosts"]) == {"h3a", "h3b", "h3b2", "h3lan"}
+    assert set(st["hosts"]["h3a"]["interfaces"]) == {"lo", MGMT_IF, A_QSFP_IF}
+    assert set(st["hosts"]["h3b"]["interfaces"]) == {"lo", MGMT_IF, B_QSFP_IF}
+    assert set(st["hosts"]["h3lan"]["interfaces"]) == {"lo", MGMT_IF}
+    out = hosts.run("h3b", ["ip", "route", "get", "8.8.8.8"])  # anything outside goes to the management link
+    assert f"dev {MGMT_IF}" in out.stdout, out.stdout + out.stderr
+    out = hosts.run("h3b", ["ip", "route", "get", A_QSFP])
+    assert f"dev {B_QSFP_IF} src {B_QSFP}" in out.stdout, out.stdout
+    # the switch namespace holds no address and no host has a route other than its two subnets and the default
+    out = subprocess.run(["ip", "-n", "h3sw", "-4", "-br", "addr"], capture_output=True, text=True, timeout=10)
+    assert [ln for ln in out.stdout.splitlines() if not ln.startswith("lo ")] == [], out.stdout
+    probe = ("import os, pathlib; cg = pathlib.Path('/proc/self/cgroup').read_text(); "
+             "print(sorted(os.sched_getaffinity(0)), [l for l in cg.splitlines() if 'h3hosts' in l])")
+    a = hosts.run("h3a", [sys.executable, "-c", probe]).stdout
+    b = hosts.run("h3b", [sys.executable, "-c", probe]).stdout
+    cpus = sorted(os.sched_getaffinity(0))
+    assert a.startswith(str([cpus[0]])) and b.startswith(str([cpus[-1]])), (a, b)
+    assert "h3hosts/h3a" in a and "h3hosts/h3b" in b and "memory" in b, b
+
+
+def test_two_hosts_reach_each_other_and_nothing_else(hosts):
+    code = ("import socket, sys\nfor h in sys.argv[1:]:\n    s = socket.socket(); s.settimeout(2)\n"
+            "    try: s.connect((h, 9)); r = 'open'\n    except ConnectionRefusedError: r = 'refused'\n"
+            "    except OSError as e: r = type(e).__name__\n    print(h, r)\n")
+    real = subprocess.run(["ip", "-4", "-br", "addr"], capture_output=True, text=True, timeout=10).stdout.split()
+    outside = [w.split("/")[0] for w in real if w.count(".") == 3 and not w.startswith("127.")][:2]
+    out = hosts.run("h3a", [sys.executable, "-c", code, B_QSFP, B_MGMT, LAN_MGMT, *outside], timeout=30).stdout
+    seen = dict(ln.split() for ln in out.splitlines())
+    assert seen[B_QSFP] == seen[B_MGMT] == seen[LAN_MGMT] == "refused", seen  # a host answers (no listener: RST)
+    for ip in outside:  # the machine's own addresses are not reachable from a host
+        assert seen[ip] != "refused" and seen[ip] != "open", seen
+
+
+def test_two_hosts_links_are_shaped_and_the_qsfp_link_is_faster(hosts):
+    q = json.loads(harness("speed", "--link", "qsfp", "--mb", "400", timeout=90).stdout)
+    m = json.loads(harness("speed", "--link", "mgmt", "--mb", "120", timeout=90).stdout)
+    print(f"\n[two hosts] tbf: QSFP shaped to {q['shaped_to']} sustains {q['gbit_s']} Gbit/s; management shaped to "
+          f"{m['shaped_to']} sustains {m['gbit_s']} Gbit/s (2 shared cores: pessimistic)")
+    assert m["gbit_s"] <= 1.05, m  # shaping holds the management link to 1 Gbit/s
+    assert q["gbit_s"] > 1.5 * m["gbit_s"], (q, m)
+
+
+def test_two_hosts_link_down_cuts_the_cable_and_up_restores_it(hosts):
+    code = ("import socket, sys\ns = socket.socket(); s.settimeout(2)\ntry: s.connect((sys.argv[1], 9)); print('open')\n"
+            "except ConnectionRefusedError: print('refused')\nexcept OSError as e: print(type(e).__name__)\n")
+    hosts.link("h3b", B_QSFP_IF, "down")
+    try:
+        assert hosts.status()["hosts"]["h3b"]["interfaces"][B_QSFP_IF]["state"] == "DOWN"
+        assert hosts.run("h3a", [sys.executable, "-c", code, B_QSFP]).stdout.strip() != "refused"
+        assert hosts.run("h3a", [sys.executable, "-c", code, B_MGMT]).stdout.strip() == "refused"
+    finally:
+        hosts.link("h3b", B_QSFP_IF, "up")
+    assert hosts.run("h3a", [sys.executable, "-c", code, B_QSFP]).stdout.strip() == "refused"
