@@ -116,3 +116,44 @@ def test_two_hosts_link_down_cuts_the_cable_and_up_restores_it(hosts):
     finally:
         hosts.link("h3b", B_QSFP_IF, "up")
     assert hosts.run("h3a", [sys.executable, "-c", code, B_QSFP]).stdout.strip() == "refused"
+
+
+def _preflight(hosts, tiny_ckpt, *args: str) -> tuple[int, str]:
+    from two_hosts_support import host_env
+
+    out = hosts.run("h3b", [sys.executable, "-m", "remote_worker", "preflight", "--allow-cpu", "--head",
+                            f"{A_QSFP}:6399", "--model-path", str(tiny_ckpt), "--dtype", "float32", *args],
+                    env=host_env(hosts.tmp, "b"), timeout=120)
+    line = next((ln.strip() for ln in out.stdout.splitlines() if ln.split()[1:2] == ["interface"]), "")
+    return out.returncode, line + "\n" + out.stdout
+
+
+@pytest.mark.parametrize("case", ["management", "no-iface", "link-local"])
+def test_two_hosts_preflight_names_the_link_and_what_to_pass(hosts, tiny_ckpt, case):
+    """B's setup on a two-link host: the management link, no --iface, or a link-local-only interface each fail in
+    the preflight (nothing started) with one sentence naming the link the traffic would take and what to pass."""
+    args = {"management": ["--iface", MGMT_IF], "no-iface": [], "link-local": ["--iface", "ll0"]}[case]
+    if case == "link-local":  # a third port whose address never came (DHCP gave up: only 169.254.x)
+        subprocess.run(["ip", "-n", "h3b", "link", "add", "ll0", "type", "veth", "peer", "name", "ll1"], check=True,
+                       timeout=10)  # (no dummy module here: a veth pair inside h3b)
+        subprocess.run(["ip", "-n", "h3b", "addr", "add", "169.254.7.2/16", "dev", "ll0"], check=True, timeout=10)
+    try:
+        rc, out = _preflight(hosts, tiny_ckpt, *args)
+    finally:
+        subprocess.run(["ip", "-n", "h3b", "link", "del", "ll0"], capture_output=True, timeout=10)
+    line = out.splitlines()[0]
+    print(f"\n[two hosts] preflight, {case}: {line}")
+    assert rc != 0 and line.startswith("FAIL"), out
+    assert f"--iface {B_QSFP_IF}" in line and line.count(". ") == 0, line  # one sentence, naming what to pass
+    want = {"management": f"{MGMT_IF} carries the default route (the management link)",
+            "no-iface": f"no --iface on a machine with 2 links ({MGMT_IF} {B_MGMT}, {B_QSFP_IF} {B_QSFP})",
+            "link-local": "ll0 holds only the link-local address 169.254.7.2"}[case]
+    assert want in line, line
+    assert "preflight:" in out and "nothing was started" not in out.split("preflight:")[0]
+
+
+def test_two_hosts_preflight_passes_the_interface_of_the_qsfp_link(hosts, tiny_ckpt):
+    rc, out = _preflight(hosts, tiny_ckpt, "--iface", B_QSFP_IF)
+    assert out.splitlines()[0].split() == ["PASS", "interface", B_QSFP_IF, "holds", f"{B_QSFP};", "Ray", "binds",
+                                           "to", "it"], out
+    assert any(ln.strip().startswith("PASS") and "route to A" in ln and B_QSFP_IF in ln for ln in out.splitlines()), out
