@@ -4,6 +4,7 @@
     python scripts/two_hosts.py up [--qsfp-rate 4gbit] [--mem h3b=3G ...]
     python scripts/two_hosts.py run HOST -- CMD...        # CMD in HOST's namespace, CPU and memory cgroup
     python scripts/two_hosts.py link HOST IFACE up|down   # pull / plug a cable
+    python scripts/two_hosts.py mem HOST SIZE             # change a host's memory limit (e.g. 700M)
     python scripts/two_hosts.py status [--json]
     python scripts/two_hosts.py speed [--link qsfp|mgmt] [--mb 200]   # what tbf sustains, A -> B, bounded in time
     python scripts/two_hosts.py down                      # removes all it made, also after a killed run
@@ -292,7 +293,24 @@ def run(host: str, cmd: list[str]) -> None:
     if not cmd:
         raise HarnessError("give the command after --, e.g. `run h3b -- ip -br addr`")
     join_cgroups(state["cgroups"], host)
-    os.execvp("ip", ["ip", "netns", "exec", host, *cmd])
+    enter_netns(host)
+    os.execvp(cmd[0], cmd)
+
+
+def enter_netns(host: str) -> None:
+    """This process into ``host``'s network namespace (setns), keeping the machine's mounts: unlike `ip netns exec`,
+    which mounts a new /sys and so hides /sys/fs/cgroup, a host's processes see their cgroup (memory limit) as on a
+    real machine. Inside a host, `ip` and /proc/net show its own interfaces (/sys/class/net still lists the
+    machine's)."""
+    import ctypes  # noqa: PLC0415 - only `run` needs it
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{host}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise HarnessError(f"setns into {host} failed: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
 
 
 def link(host: str, iface: str, updown: str) -> None:
@@ -301,6 +319,15 @@ def link(host: str, iface: str, updown: str) -> None:
     if updown not in ("up", "down"):
         raise HarnessError(f"link state {updown!r}: give up or down")
     sh("ip", "-n", host, "link", "set", iface, updown)
+
+
+def set_mem(host: str, size: int) -> None:
+    need_root()
+    state = require_up()
+    d = os.path.join(state["cgroups"]["memory"], host)
+    _write(os.path.join(d, "memory.limit_in_bytes" if state["cgroups"]["version"] == 1 else "memory.max"), str(size))
+    state["mem"][host] = size
+    (STATE_DIR / "state.json").write_text(json.dumps(state, indent=1))
 
 
 def counters(host: str) -> dict[str, dict[str, int]]:
@@ -388,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     lk.add_argument("host")
     lk.add_argument("iface")
     lk.add_argument("state")
+    mm = sub.add_parser("mem")
+    mm.add_argument("host")
+    mm.add_argument("size")
     st = sub.add_parser("status")
     st.add_argument("--json", action="store_true")
     sp = sub.add_parser("speed")
@@ -411,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             run(a.host, cmd_tail)
         elif a.verb == "link":
             link(a.host, a.iface, a.state)
+        elif a.verb == "mem":
+            set_mem(a.host, parse_size(a.size))
         elif a.verb == "status":
             s = status()
             if a.json:

@@ -157,3 +157,40 @@ def test_two_hosts_preflight_passes_the_interface_of_the_qsfp_link(hosts, tiny_c
     assert out.splitlines()[0].split() == ["PASS", "interface", B_QSFP_IF, "holds", f"{B_QSFP};", "Ray", "binds",
                                            "to", "it"], out
     assert any(ln.strip().startswith("PASS") and "route to A" in ln and B_QSFP_IF in ln for ln in out.splitlines()), out
+
+
+def test_two_hosts_memory_plans_read_the_hosts_cgroup_limit(hosts):
+    """A's and B's memory plans see their host's memory (its cgroup), not the machine's."""
+    from two_hosts_support import host_env
+
+    code = ("from comfy_h3_nodes.engine.model import memory_plan as mp; import json; "
+            "print(json.dumps(mp.available_memory('cpu')))")
+    figures = {}
+    for h, limit in (("h3a", 8 * 2**30), ("h3b", 4 * 2**30)):
+        out = hosts.run(h, [sys.executable, "-c", code], env=host_env(hosts.tmp, h), timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        avail, where = json.loads(out.stdout.strip().splitlines()[-1])
+        figures[h] = (avail, where)
+        assert avail <= limit and f"h3hosts/{h}" in where and "memory cgroup's limit" in where, (h, avail, where)
+    print(f"\n[two hosts] memory plans: A sees {figures['h3a'][0] / 2**30:.2f} GiB, B {figures['h3b'][0] / 2**30:.2f} GiB "
+          f"(cgroup limits 8 and 4 GiB; the machine has {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f})")
+
+
+def test_two_hosts_a_model_over_bs_memory_limit_is_refused_before_loading(hosts, tiny_ckpt):
+    """h3b2's limit lowered to 700 MiB: B's setup refuses in its memory plan, with the numbers, and starts nothing."""
+    from two_hosts_support import host_env
+
+    harness("mem", "h3b2", "700M")
+    try:
+        out = hosts.run("h3b2", [sys.executable, "-m", "remote_worker", "setup", "--allow-cpu", "--head",
+                                 f"{A_QSFP}:6399", "--model-path", str(tiny_ckpt), "--dtype", "float32", "--iface",
+                                 B_QSFP_IF, "--object-store-mb", "512", "--temp-dir",
+                                 os.path.join(hosts.tmp, "rb2_mem")], env=host_env(hosts.tmp, "b2"), timeout=120)
+    finally:
+        harness("mem", "h3b2", "3G")
+    line = next((ln.strip() for ln in out.stdout.splitlines() if ln.split()[1:3] == ["memory", "plan"]), "")
+    print(f"\n[two hosts] B2 at 700 MiB: {line}")
+    assert out.returncode != 0 and line.startswith("FAIL"), out.stdout[-3000:]
+    assert "memory cgroup's limit (0.7 GiB" in line and "h3hosts/h3b2" in line and "512.0 MiB object store" in line, line
+    assert "nothing was started" in out.stderr, out.stderr[-2000:]
+    assert hosts.pids("h3b2") == []
