@@ -97,3 +97,81 @@ def hosts():
     finally:
         harness("down", check=False)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _enter(host: str) -> None:
+    """The calling thread into ``host``'s network namespace (setns is per thread)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{host}", os.O_RDONLY)
+    try:
+        assert libc.setns(fd, 0x40000000) == 0, os.strerror(ctypes.get_errno())  # CLONE_NEWNET
+    finally:
+        os.close(fd)
+
+
+class Forward:
+    """127.0.0.1:PORT of the test's namespace -> 127.0.0.1:PORT inside ``host`` (how the test, like a browser on A,
+    reaches the ComfyUI that listens on A's loopback). Each connection's far socket is made by a thread that entered
+    the host's namespace; it carries only that socket's bytes (on A's ``lo``, not on its links)."""
+
+    def __init__(self, host: str, port: int):
+        import socket
+        import threading
+
+        self.host, self.port = host, port
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c) -> None:
+        import socket
+        import threading
+
+        _enter(self.host)
+        try:
+            far = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        except OSError:
+            c.close()
+            return
+        far.settimeout(None)
+
+        def pump(a, b):
+            try:
+                while data := a.recv(1 << 16):
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (a, b):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+        threading.Thread(target=pump, args=(far, c), daemon=True).start()
+        pump(c, far)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def python_in(host: str, python: str, folder: pathlib.Path) -> str:
+    """A wrapper that runs ``python`` in ``host`` (for helpers that start "their Python", such as ComfyUI's)."""
+    path = folder / f"python-in-{host}"
+    path.write_text(f"#!/bin/sh\nexec {sys.executable} {HARNESS} run {host} -- {python} \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
