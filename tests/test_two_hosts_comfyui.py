@@ -128,3 +128,105 @@ def test_two_hosts_prompt_in_comfyui_on_a_crosses_the_qsfp_link(pair, hosts, tin
     if parallel == "A+B":
         (den,) = [t for t in _of(messages, "h3.timing", pid) if t["node"] == "5"]
         assert [r["machine"] for r in den["summary"]["ran"]["ranks"]] == ["A", "B"], den["summary"]
+
+
+LAN_PROBE = r'''
+import json, socket, sys
+import grpc
+targets = json.loads(sys.argv[1])
+METHODS = ["/ray.rpc.NodeInfoGcsService/GetAllNodeInfo", "/ray.rpc.ActorInfoGcsService/GetAllActorInfo",
+           "/ray.rpc.NodeManagerService/GetNodeStats", "/ray.rpc.CoreWorkerService/GetCoreWorkerStats",
+           "/ray.rpc.CoreWorkerService/GetObjectStatus", "/ray.rpc.ObjectManagerService/Pull"]
+out = []
+for ip, port in targets:
+    r = {"ip": ip, "port": port}
+    s = socket.socket(); s.settimeout(1.5)
+    try:
+        s.connect((ip, port))
+    except OSError as e:
+        r["tcp"] = type(e).__name__; out.append(r); continue
+    r["tcp"] = "open"
+    try:
+        s.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n"); s.settimeout(1.5)
+        body = b""
+        while len(body) < 1 << 20:
+            b = s.recv(1 << 16)
+            if not b: break
+            body += b
+        text = body.decode("latin-1")
+        r["http"] = text.split("\r\n")[0][:40] if text.startswith("HTTP/") else "not HTTP"
+        names = sorted({ln.split("{")[0].split()[0] for ln in text.splitlines() if ln.startswith("ray_")})
+        r["metrics"] = [len(names), names[:4]]
+    except OSError as e:
+        r["http"] = type(e).__name__
+    s.close()
+    ch = grpc.insecure_channel(f"{ip}:{port}")
+    codes = {}
+    for m in METHODS:
+        try:
+            ch.unary_unary(m)(b"", timeout=2)
+            codes[m.rsplit("/", 1)[1]] = "OK"
+        except grpc.RpcError as e:
+            codes[m.rsplit("/", 1)[1]] = e.code().name
+    ch.close()
+    r["grpc"] = codes
+    out.append(r)
+print(json.dumps(out))
+'''
+
+
+def _listening(hosts, host: str) -> dict[int, str]:
+    """port -> 'bind address process' of what listens in ``host``."""
+    out = hosts.run(host, ["ss", "-ltnpH"]).stdout
+    res = {}
+    for ln in out.splitlines():
+        f = ln.split()
+        if len(f) >= 5:
+            addr, port = f[3].rsplit(":", 1)
+            proc = f[-1].split('"')[1] if '"' in f[-1] else "?"
+            res[int(port)] = f"{addr} {proc}"
+    return res
+
+
+def test_two_hosts_lan_without_the_token_cannot_join_call_or_read(pair, hosts):
+    """From h3lan (another machine on the management LAN), without the token: a Ray node cannot join, a driver cannot
+    connect (so it can neither get B's actor nor call it), and no gRPC method of any port A and B listen on answers
+    (the node list, B's actor's worker, an object's status, the object manager's pull); printed: every port that
+    answers from the LAN and what it says to an HTTP request."""
+    python, tmp = pair["python"], pair["tmp"]
+    env = host_env(tmp, "lan", RAY_gcs_server_port_wait_time_s="3")
+    ports = {"h3a": _listening(hosts, "h3a"), "h3b": _listening(hosts, "h3b")}
+    targets = sorted({(ip, p) for h, ips in (("h3a", (A_MGMT, A_QSFP)), ("h3b", (B_MGMT, B_QSFP)))
+                      for ip in ips for p in ports[h]})
+    probe = hosts.run("h3lan", [python, "-c", LAN_PROBE, json.dumps(targets)], env=env, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    answering = [r for r in seen if r["tcp"] == "open"]
+    print(f"\n[two hosts] from the LAN ({LAN_MGMT}) without the token, {len(answering)} of {len(seen)} (address, port) "
+          "answer TCP:")
+    for r in answering:
+        auth = sorted({c for c in r["grpc"].values()})
+        owner = (ports["h3a"] if r["ip"] in (A_MGMT, A_QSFP) else ports["h3b"]).get(r["port"], "?")
+        print(f"  {r['ip']}:{r['port']} ({owner})  http: {r['http']!r} metrics: {r.get('metrics')}  grpc: {auth}")
+    assert answering, "nothing of Ray answers at all: the probe did not reach A's or B's ports"
+    assert not [r for r in answering if "OK" in r["grpc"].values()], answering  # no method answers without the token
+    gcs = [r for r in answering if r["port"] == PORT]
+    assert gcs and all(r["grpc"]["GetAllNodeInfo"] == "UNAUTHENTICATED" for r in gcs), gcs
+    # a node without the token cannot join; a driver cannot connect (its actor handle and results are out of reach)
+    join = hosts.run("h3lan", [python, "-m", "ray.scripts.scripts", "start", "--address", f"{A_MGMT}:{PORT}",
+                               "--node-ip-address", LAN_MGMT, "--temp-dir", os.path.join(tmp, "rlan"),
+                               "--disable-usage-stats"], env=env, timeout=90)
+    assert join.returncode != 0, join.stdout[-2000:]
+    assert "Authentication token is missing or incorrect" in join.stdout + join.stderr or \
+        "InvalidAuthToken" in join.stdout + join.stderr, (join.stdout + join.stderr)[-2000:]
+    driver = ("import ray, sys\ntry:\n    ray.init(address=sys.argv[1], namespace='comfy_h3', log_to_driver=False)\n"
+              "    a = ray.get_actor('h3_dit', namespace='comfy_h3'); print('GOT', ray.get(a.ping.remote(), timeout=10))\n"
+              "except BaseException as e:\n    print('REFUSED', type(e).__name__, str(e)[:300])\n")
+    try:
+        out = hosts.run("h3lan", [python, "-c", driver, f"{A_MGMT}:{PORT}"], env=env, timeout=90)
+        said = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
+    except subprocess.TimeoutExpired:
+        said = "REFUSED (no answer within 90 s)"
+    print(f"  a driver without the token: {said[:200]}")
+    assert "GOT" not in said and said.startswith("REFUSED"), said
+    subprocess.run(["pkill", "-KILL", "-f", os.path.join(tmp, "rlan") + "/"], timeout=10)  # a half-started node
