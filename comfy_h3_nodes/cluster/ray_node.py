@@ -38,15 +38,23 @@ KV_VERSIONS = "h3:a_versions"
 MARKER_ENV = "H3_RAY_NODE"
 DEFAULT_TOKEN_FILE = "~/.ray/auth_token"  # Ray's own default path
 DEFAULT_TEMP = {"a": "/tmp/comfy_h3_ray_a", "b": "/tmp/comfy_h3_ray_b"}
-#: node death noticed in about 2.5 s instead of 15 s (shared/design.md section 7)
-# Node death detection: a refused connection (B's raylet gone) is seen in ~2 s; a silent link (cable, switch) costs
-# period + threshold x timeout, ~9 s with these values instead of ~23 s with Ray's 10 s default timeout. A raylet's
-# health check is answered by the raylet itself, not by the busy DiT, so 4 s leaves a wide margin.
+# The head's node health checks (the cluster's partition tolerance, issue 39). A pulled QSFP cable or a rebooting
+# switch silences B for up to two minutes; a node the head judges dead is made to exit when the link returns, and B's
+# resident model is lost. So the head tolerates H3_PARTITION_TOLERANCE_S (150 s) of silence: threshold x (period +
+# timeout) = 30 x 5 s, and B's raylet and workers wait as long (+30 s) for the GCS before exiting (Ray's default: 60 s).
+# The trade-off: Ray itself judges a B host that really died after ~150 s (silent: power, kernel) or ~30 s (refused:
+# its processes killed). A request does not wait for that: A's own probe (engine/executor/link.py) tells a link that
+# carries nothing from a host that refuses within ~10 s, and a killed DiT process is reported by B's raylet at once.
+PARTITION_TOLERANCE_S = int(float(os.environ.get("H3_PARTITION_TOLERANCE_S", "150")))
+_CHECK_TIMEOUT_MS = int(os.environ.get("H3_HEALTH_CHECK_TIMEOUT_MS", "4000"))
 HEAD_SYSTEM_CONFIG = {
     "health_check_period_ms": 1000,
-    "health_check_failure_threshold": 2,
-    "health_check_timeout_ms": int(os.environ.get("H3_HEALTH_CHECK_TIMEOUT_MS", "4000")),
+    "health_check_failure_threshold": max(2, -(-PARTITION_TOLERANCE_S * 1000 // (1000 + _CHECK_TIMEOUT_MS))),
+    "health_check_timeout_ms": _CHECK_TIMEOUT_MS,
+    "gcs_rpc_server_reconnect_timeout_s": PARTITION_TOLERANCE_S + 30,
 }
+#: the same wait for each node's own processes (a worker node's raylet and workers read it from their environment)
+PARTITION_ENV = {"RAY_gcs_rpc_server_reconnect_timeout_s": str(PARTITION_TOLERANCE_S + 30)}
 
 
 class NodeError(RuntimeError):
@@ -338,7 +346,8 @@ def ray_start(args: list[str], env: dict[str, str], temp_dir: str, log_path: pat
         log.flush()
         try:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_child_env({**env, MARKER_ENV: str(temp_dir)}), timeout=timeout).returncode
+                                env=_child_env({**PARTITION_ENV, **env, MARKER_ENV: str(temp_dir)}),
+                                timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     text = log_path.read_text(errors="replace")
