@@ -96,7 +96,8 @@ def hosts():
         yield Hosts(tmp)
     finally:
         harness("down", check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not os.environ.get("H3_TWO_HOSTS_KEEP"):  # =1 keeps the hosts' Ray logs for a look after a failure
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _enter(host: str) -> None:

@@ -51,10 +51,16 @@ HEAD_SYSTEM_CONFIG = {
     "health_check_period_ms": 1000,
     "health_check_failure_threshold": max(2, -(-PARTITION_TOLERANCE_S * 1000 // (1000 + _CHECK_TIMEOUT_MS))),
     "health_check_timeout_ms": _CHECK_TIMEOUT_MS,
-    "gcs_rpc_server_reconnect_timeout_s": PARTITION_TOLERANCE_S + 30,
+    # how long a node's processes wait for the GCS, and the GCS and workers for a raylet or worker, before giving up
+    **{k: PARTITION_TOLERANCE_S + 30 for k in ("gcs_rpc_server_reconnect_timeout_s",
+                                               "raylet_rpc_server_reconnect_timeout_base_s",
+                                               "raylet_rpc_server_reconnect_timeout_max_s",
+                                               "core_worker_rpc_server_reconnect_timeout_base_s",
+                                               "core_worker_rpc_server_reconnect_timeout_max_s")},
 }
-#: the same wait for each node's own processes (a worker node's raylet and workers read it from their environment)
-PARTITION_ENV = {"RAY_gcs_rpc_server_reconnect_timeout_s": str(PARTITION_TOLERANCE_S + 30)}
+#: the same waits for each node's own processes (a worker node's raylet and workers read them from their environment)
+PARTITION_ENV = {f"RAY_{k}": str(v) for k, v in HEAD_SYSTEM_CONFIG.items() if k.endswith("_timeout_s")
+                 or "_reconnect_timeout_" in k}
 
 
 class NodeError(RuntimeError):
