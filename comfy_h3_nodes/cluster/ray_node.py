@@ -40,16 +40,18 @@ DEFAULT_TOKEN_FILE = "~/.ray/auth_token"  # Ray's own default path
 DEFAULT_TEMP = {"a": "/tmp/comfy_h3_ray_a", "b": "/tmp/comfy_h3_ray_b"}
 # The head's node health checks (the cluster's partition tolerance, issue 39). A pulled QSFP cable or a rebooting
 # switch silences B for up to two minutes; a node the head judges dead is made to exit when the link returns, and B's
-# resident model is lost. So the head tolerates H3_PARTITION_TOLERANCE_S (150 s) of silence: threshold x (period +
-# timeout) = 30 x 5 s, and B's raylet and workers wait as long (+30 s) for the GCS before exiting (Ray's default: 60 s).
-# The trade-off: Ray itself judges a B host that really died after ~150 s (silent: power, kernel) or ~30 s (refused:
-# its processes killed). A request does not wait for that: A's own probe (engine/executor/link.py) tells a link that
-# carries nothing from a host that refuses within ~10 s, and a killed DiT process is reported by B's raylet at once.
+# resident model is lost. So the head tolerates H3_PARTITION_TOLERANCE_S (150 s) of silence: 30 failed checks, one
+# every 5 s (a check that fails at once, on a gRPC channel already broken, still waits the period: with a 1 s period a
+# 120 s cut after an earlier one lost B), and every node's processes wait as long (+30 s) for the GCS and each other
+# before exiting (Ray's default: 60 s). The trade-off: Ray itself judges a B host that really died after 150 s
+# (refused or failing at once) to 270 s (silent: each check waits its 4 s timeout too). A request does not wait for
+# that: A's own probe (engine/executor/link.py) tells a link that carries nothing from a host that refuses within
+# ~10 s, and a killed DiT process is reported by B's raylet at once.
 PARTITION_TOLERANCE_S = int(float(os.environ.get("H3_PARTITION_TOLERANCE_S", "150")))
 _CHECK_TIMEOUT_MS = int(os.environ.get("H3_HEALTH_CHECK_TIMEOUT_MS", "4000"))
 HEAD_SYSTEM_CONFIG = {
-    "health_check_period_ms": 1000,
-    "health_check_failure_threshold": max(2, -(-PARTITION_TOLERANCE_S * 1000 // (1000 + _CHECK_TIMEOUT_MS))),
+    "health_check_period_ms": 5000,
+    "health_check_failure_threshold": max(2, -(-PARTITION_TOLERANCE_S // 5)),
     "health_check_timeout_ms": _CHECK_TIMEOUT_MS,
     # how long a node's processes wait for the GCS, and the GCS and workers for a raylet or worker, before giving up
     **{k: PARTITION_TOLERANCE_S + 30 for k in ("gcs_rpc_server_reconnect_timeout_s",
