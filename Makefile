@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.comfy-h3-installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: demo test test-comfyui comfyui-env venv clean-venv bench browser-deps
+.PHONY: demo test test-comfyui test-two-hosts comfyui-env venv clean-venv bench browser-deps
 
 # The real-ComfyUI suite: ComfyUI's source (default: ../shared/comfyui, read only) and an environment like a user's,
 # built by scripts/comfyui_env.py into $(COMFYUI_ENV) (ComfyUI's requirements + the pack's install.py; reused until
@@ -43,14 +43,25 @@ browser-deps:
 demo: $(STAMP)
 	$(PY) -m comfy_h3_nodes demo
 
-# TESTS=<files> runs only those test files (CI runs two of them beside the rest)
+# TESTS=<files> runs only those test files (CI runs two of them beside the rest); the two-host suite has its own target
 TESTS ?= tests
+TWO_HOSTS_TESTS ?= $(sort $(wildcard tests/test_two_hosts*.py))
 test: browser-deps $(STAMP)
-	$(PY) -m pytest -q $(TESTS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(TESTS) $(foreach f,$(TWO_HOSTS_TESTS),--ignore=$(f)) $(PYTEST_ARGS)
 	node --test tests/web/
 
 bench: $(STAMP)
 	$(PY) -m comfy_h3_nodes bench handoff
+
+# A and B as separate hosts (scripts/two_hosts.py: namespaces, a Spark's two links, cgroups; needs root): the tests
+# whose names contain two_hosts, in tests/test_two_hosts*.py; the real ComfyUI's when COMFYUI_DIR is there
+test-two-hosts: $(STAMP)
+	@if [ -f "$(COMFYUI_DIR)/main.py" ]; then \
+	  py="$${COMFYUI_PYTHON:-$$($(PYTHON) scripts/comfyui_env.py --comfyui "$(COMFYUI_DIR)" --env "$(COMFYUI_ENV)" | tail -n 1)}"; \
+	  export COMFYUI_DIR="$(COMFYUI_DIR)" COMFYUI_PYTHON="$$py"; \
+	else echo "[make] no ComfyUI at COMFYUI_DIR=$(COMFYUI_DIR): the two-host tests through the real ComfyUI are skipped"; \
+	  unset COMFYUI_DIR; fi; \
+	  $(PY) -m pytest -q $(TWO_HOSTS_TESTS) -k "two_hosts$(if $(K), and ($(K)))" $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -15,9 +15,13 @@ import ipaddress
 import json
 import os
 import pathlib
+import re
 import shutil
+import socket
 import sys
 from dataclasses import dataclass, field
+
+import psutil
 
 from comfy_h3_nodes.cluster import ray_node as rn
 from comfy_h3_nodes.engine.contract.configs import PARTITIONS, SCHEDULERS
@@ -137,6 +141,8 @@ def _check_network(opts: Options, res: Result) -> tuple[str | None, int | None]:
         if why:
             res.add("interface", False, f"node address {ip}: {why}",
                     "bind B to the address of its QSFP/cluster interface: --iface IF (see `ip -br addr`)")
+        elif (wrong := wrong_link(opts, ip, iface)):
+            res.add("interface", False, wrong[0], wrong[1])
         else:
             res.node_ip, res.iface = ip, iface
             res.add("interface", True, f"{iface} holds {ip}; Ray binds to it")
@@ -170,6 +176,64 @@ def _check_network(opts: Options, res: Result) -> tuple[str | None, int | None]:
             f"start the head on A (`python -m comfy_h3_nodes cluster start-head --iface IF`), check the address and "
             f"port, and that no firewall blocks {port}/tcp from B")
     return None, None
+
+
+VIRTUAL_LINKS = ("lo", "docker", "br-", "veth", "virbr", "cni", "flannel", "tailscale", "zt")
+
+
+def default_route_iface() -> str | None:
+    """The interface of the IPv4 default route (the management link on a Spark), from /proc/net/route."""
+    try:
+        for ln in pathlib.Path("/proc/net/route").read_text().splitlines()[1:]:
+            f = ln.split()
+            if len(f) > 7 and f[1] == "00000000" and f[7] == "00000000":
+                return f[0]
+    except OSError:
+        pass
+    return None
+
+
+def machine_links() -> dict[str, list[str]]:
+    """Physical-looking interfaces -> their routable IPv4 addresses (no loopback, no 169.254 link-local, no
+    container bridges)."""
+    out = {}
+    for name, addrs in psutil.net_if_addrs().items():
+        ips = [a.address for a in addrs if a.family == socket.AF_INET
+               and not ipaddress.ip_address(a.address).is_link_local and not ipaddress.ip_address(a.address).is_loopback]
+        if ips and not name.startswith(VIRTUAL_LINKS):
+            out[name] = ips
+    return out
+
+
+def _qsfp_first(names: list[str]) -> list[str]:
+    """ConnectX-7 QSFP ports are named like enp1s0f1np1 / enP2p1s0f0np0 (``np<port>``): those first."""
+    return sorted(names, key=lambda n: (re.search(r"np\d+$", n) is None, n))
+
+
+def wrong_link(opts: Options, ip: str, iface: str) -> tuple[str, str] | None:
+    """``(one sentence, fix)`` when B's traffic would take the wrong link: a link-local-only interface, the
+    management link (the default route) while a QSFP link has an address, or no --iface on a two-link machine."""
+    links = machine_links()
+    default = default_route_iface()
+    others = _qsfp_first([n for n in links if n not in (iface, default)])
+    instead = f"--iface {others[0]} (it holds {links[others[0]][0]})" if others else ""
+    if ipaddress.ip_address(ip).is_link_local:
+        return (f"{iface} holds only the link-local address {ip} (no address was configured on it, or it was lost on "
+                f"reboot): A cannot route to it, so Ray's traffic would have no link; pass {instead or 'the QSFP link'} "
+                "instead", f"give {iface} its cluster address (`sudo ip addr add 192.168.100.2/24 dev {iface}`), or pass "
+                + (instead or "--iface with the interface that holds B's cluster address"))
+    if opts.iface and iface == default and others:
+        return (f"{iface} carries the default route (the management link): Ray, the hand-offs, gloo and the previews "
+                f"would cross it, not the QSFP link; pass {instead} and A's address on that link as --head instead",
+                f"pass {instead} (`ip -br addr`) and --head A_QSFP_ADDRESS:PORT")
+    if not opts.iface and not opts.node_ip and len(links) >= 2:
+        pick = _qsfp_first([n for n in links if n != default])[0] if len(links) > 1 else iface
+        lead = "the management link (the default route)" if iface == default else "the route toward A"
+        return (f"no --iface on a machine with {len(links)} links ({', '.join(f'{n} {v[0]}' for n, v in links.items())}): "
+                f"Ray would bind to {iface} ({ip}, {lead}) while whatever guesses its address (gloo, NCCL, Ray's "
+                f"own detection) takes {default or 'the default route'}; pass --iface {pick} instead",
+                f"pass --iface {pick} (the QSFP link to A; `ip -br addr`)")
+    return None
 
 
 def _loopback(ip: str | None) -> bool:

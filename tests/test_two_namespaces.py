@@ -4,7 +4,7 @@ A's namespace runs ``cluster start-head`` (token auth), B's runs ``remote_worker
 checkpoint; a driver in A's namespace finds the named actor and runs a tiny request through it. Then a node and a
 setup with the wrong token are refused, and ``remote_worker stop`` plus ``cluster stop`` leave no process of ours.
 Last, on a second pair of nodes, the veth link goes down while B denoises: the driver's request ends with a clear
-error within a bound (Ray's node health check: about 22 s, see docs/failure_modes.md), and B is ended by pid.
+error within a bound (A's link probe: about 10 s, see docs/failure_modes.md), and B is ended by pid.
 
 Needs root (``ip netns add``); skipped with the reason otherwise. Separate from the session's embedded cluster: its
 own namespaces, ports, Ray temp dirs and state dirs. Every subprocess is bounded; the module takes about two minutes.
@@ -327,10 +327,12 @@ def test_link_loss_ends_the_request_with_a_bounded_clear_error(cluster):
               f"with {res['error']}: {res['message']}")
         assert res["error"] in ("H3Error", "H3Timeout") and res["h3"], res
         assert res["request_id"] == rid and rid in res["message"], res
-        assert f"machine B ({B_IP}) left the Ray cluster during denoise of request {rid}" in res["message"], res
-        assert "network link" in res["message"], res
+        # A's own link probe (engine/executor/link.py), not the head's health checks: those tolerate 150 s of a
+        # silent B so that a pulled cable does not cost B its model (ray_node.HEAD_SYSTEM_CONFIG)
+        assert f"the link from A to machine B ({B_IP}) has carried nothing for" in res["message"], res
+        assert f"during denoise of request {rid}" in res["message"], res
         assert res["steps_seen"] < 200, res  # the link went down while B denoised
-        assert elapsed < 45, res
+        assert elapsed < 20, res
     finally:
         if driver.poll() is None:
             driver.kill()

@@ -38,15 +38,31 @@ KV_VERSIONS = "h3:a_versions"
 MARKER_ENV = "H3_RAY_NODE"
 DEFAULT_TOKEN_FILE = "~/.ray/auth_token"  # Ray's own default path
 DEFAULT_TEMP = {"a": "/tmp/comfy_h3_ray_a", "b": "/tmp/comfy_h3_ray_b"}
-#: node death noticed in about 2.5 s instead of 15 s (shared/design.md section 7)
-# Node death detection: a refused connection (B's raylet gone) is seen in ~2 s; a silent link (cable, switch) costs
-# period + threshold x timeout, ~9 s with these values instead of ~23 s with Ray's 10 s default timeout. A raylet's
-# health check is answered by the raylet itself, not by the busy DiT, so 4 s leaves a wide margin.
+# The head's node health checks (the cluster's partition tolerance, issue 39). A pulled QSFP cable or a rebooting
+# switch silences B for up to two minutes; a node the head judges dead is made to exit when the link returns, and B's
+# resident model is lost. So the head tolerates H3_PARTITION_TOLERANCE_S (150 s) of silence: 30 failed checks, one
+# every 5 s (a check that fails at once, on a gRPC channel already broken, still waits the period: with a 1 s period a
+# 120 s cut after an earlier one lost B), and every node's processes wait as long (+30 s) for the GCS and each other
+# before exiting (Ray's default: 60 s). The trade-off: Ray itself judges a B host that really died after 150 s
+# (refused or failing at once) to 270 s (silent: each check waits its 4 s timeout too). A request does not wait for
+# that: A's own probe (engine/executor/link.py) tells a link that carries nothing from a host that refuses within
+# ~10 s, and a killed DiT process is reported by B's raylet at once.
+PARTITION_TOLERANCE_S = int(float(os.environ.get("H3_PARTITION_TOLERANCE_S", "150")))
+_CHECK_TIMEOUT_MS = int(os.environ.get("H3_HEALTH_CHECK_TIMEOUT_MS", "4000"))
 HEAD_SYSTEM_CONFIG = {
-    "health_check_period_ms": 1000,
-    "health_check_failure_threshold": 2,
-    "health_check_timeout_ms": int(os.environ.get("H3_HEALTH_CHECK_TIMEOUT_MS", "4000")),
+    "health_check_period_ms": 5000,
+    "health_check_failure_threshold": max(2, -(-PARTITION_TOLERANCE_S // 5)),
+    "health_check_timeout_ms": _CHECK_TIMEOUT_MS,
+    # how long a node's processes wait for the GCS, and the GCS and workers for a raylet or worker, before giving up
+    **{k: PARTITION_TOLERANCE_S + 30 for k in ("gcs_rpc_server_reconnect_timeout_s",
+                                               "raylet_rpc_server_reconnect_timeout_base_s",
+                                               "raylet_rpc_server_reconnect_timeout_max_s",
+                                               "core_worker_rpc_server_reconnect_timeout_base_s",
+                                               "core_worker_rpc_server_reconnect_timeout_max_s")},
 }
+#: the same waits for each node's own processes (a worker node's raylet and workers read them from their environment)
+PARTITION_ENV = {f"RAY_{k}": str(v) for k, v in HEAD_SYSTEM_CONFIG.items() if k.endswith("_timeout_s")
+                 or "_reconnect_timeout_" in k}
 
 
 class NodeError(RuntimeError):
@@ -338,7 +354,8 @@ def ray_start(args: list[str], env: dict[str, str], temp_dir: str, log_path: pat
         log.flush()
         try:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_child_env({**env, MARKER_ENV: str(temp_dir)}), timeout=timeout).returncode
+                                env=_child_env({**PARTITION_ENV, **env, MARKER_ENV: str(temp_dir)}),
+                                timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     text = log_path.read_text(errors="replace")

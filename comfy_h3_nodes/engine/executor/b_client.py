@@ -37,6 +37,7 @@ from .progress import await_ref
 from .group import A_RANK_NAME, Groups
 from .failures import NODE_SETTLE_S, WORKER_LOST, WorkerLost, clean, first_line, node_lost_error, remote_error
 from .handoff import unwrap_ray_error
+from .link import LinkProbe
 
 log = logging.getLogger("comfy_h3.executor")
 
@@ -266,7 +267,8 @@ class BClient:
         fut = asyncio.wrap_future(recs_ref.future())
         seen = 0
         try:
-            seen = await self.follow(b, rid, fut, recs_ref, on_step)
+            seen = await self.follow(b, rid, fut, recs_ref, on_step,
+                                     probe=LinkProbe(w.status.get("node_id"), w.node_ip))
             records = list(fut.result())
             # the A->B record is B's (receiver's clock); the put into A's object store happened on A
             records[0] = dataclasses.replace(records[0], serialize_s=put.serialize_s if put else 0.0)
@@ -297,8 +299,8 @@ class BClient:
     async def report_rest(self, b, rid: str, steps: tuple, seen: int, on_step, preview: bool) -> None:
         await progress.report_rest(b, rid, steps, seen, on_step, preview, self.timeouts)
 
-    async def follow(self, b, rid: str, fut, recs_ref, on_step) -> int:
-        return await progress.follow(b, rid, fut, recs_ref, on_step, self.timeouts, self.cancelled)
+    async def follow(self, b, rid: str, fut, recs_ref, on_step, probe=None) -> int:
+        return await progress.follow(b, rid, fut, recs_ref, on_step, self.timeouts, self.cancelled, probe)
 
     async def node_gone(self, settle: float = 0.0, node_id: str | None = None) -> bool:
         """No alive Ray node offers role B any more (with ``node_id``: that B node is no longer alive): the head's

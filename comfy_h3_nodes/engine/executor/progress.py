@@ -47,12 +47,14 @@ async def report_rest(b, rid: str, steps: tuple, seen: int, on_step, preview: bo
         on_step(StepRecord(i, len(steps), sec, rid, preview=pv if i == len(steps) - 1 else None))
 
 
-async def follow(b, rid: str, fut, recs_ref, on_step, timeouts: Timeouts, cancelled) -> int:
+async def follow(b, rid: str, fut, recs_ref, on_step, timeouts: Timeouts, cancelled, probe=None) -> int:
     """Until B's denoise ends: B's step events to ``on_step``, a cancel passed on once, the stall bound kept.
     B is asked with a long poll (it answers when a step ends, or after ``WATCH_S``), so A hears of each step
     at once with about one call per step; A wakes every ``timeouts.poll`` on its own to pass a cancel on.
-    Returns how many steps were reported."""
+    With ``probe`` (a :class:`~.link.LinkProbe`), a B silent for a few seconds has its node probed: a link that
+    carries nothing or a host that is gone ends the request in one sentence. Returns how many steps were reported."""
     seen, last_progress, cancel_sent, shown = 0, time.monotonic(), False, -1
+    last_answer = time.monotonic()
 
     def ask():
         return asyncio.ensure_future(await_ref(b.progress.remote(rid, seen, WATCH_S),
@@ -70,6 +72,7 @@ async def follow(b, rid: str, fut, recs_ref, on_step, timeouts: Timeouts, cancel
             if watch in done:
                 try:
                     prog = watch.result()
+                    last_answer = time.monotonic()
                 except asyncio.TimeoutError:
                     prog = None  # B busy answering; the stall bound below still applies
                 steps = prog["steps"] if prog else []
@@ -86,6 +89,13 @@ async def follow(b, rid: str, fut, recs_ref, on_step, timeouts: Timeouts, cancel
                 # only the result is awaited from then on (no burst of calls while it travels)
                 ended = bool(prog) and prog["state"] in ENDED
                 watch = asyncio.ensure_future(asyncio.sleep(WATCH_S)) if ended else ask()
+            silent = time.monotonic() - last_answer
+            if probe is not None and probe.due(silent):
+                try:
+                    await asyncio.to_thread(probe.check, rid, silent)
+                except Exception:
+                    b.cancel.remote(rid)  # delivered when the link is back; B stops between two steps
+                    raise
             if time.monotonic() - last_progress > timeouts.stall:
                 b.cancel.remote(rid)
                 ray.cancel(recs_ref)

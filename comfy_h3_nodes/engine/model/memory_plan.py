@@ -44,6 +44,7 @@ from ..contract import wire
 from ..contract.configs import PARTITIONS, PRECISIONS
 from ..contract.errors import ModelFolderError
 from . import comfy_dit, comfy_files, comfy_keys, formats
+from .cgroup_memory import cgroup_memory_left
 from .vsa import add_gate_projections
 
 LIMIT_ENV = "H3_MEMORY_LIMIT_BYTES"
@@ -255,6 +256,19 @@ def working_bytes_b(config: dict, precision: str, dtype: str, canvas=DEFAULT_CAN
 
 
 # ---------------------------------------------------------------------------------------------------- available
+def _within_cgroup(fn):
+    """``available_memory`` no higher than the process's memory cgroup leaves (min of the two); a given limit stays."""
+    @functools.wraps(fn)
+    def wrapper(device: str = "cpu", limit_bytes: int | None = None) -> tuple[int, str]:
+        avail, where = fn(device, limit_bytes)
+        if limit_bytes is not None or where == LIMIT_ENV:
+            return avail, where
+        cg = cgroup_memory_left()
+        return (cg[0], f"{cg[1]}, under {where}") if cg is not None and cg[0] < avail else (avail, where)
+    return wrapper
+
+
+@_within_cgroup
 def available_memory(device: str = "cpu", limit_bytes: int | None = None) -> tuple[int, str]:
     """``(bytes, where from)``: the limit when given (parameter, then ``H3_MEMORY_LIMIT_BYTES``), else MemAvailable,
     CUDA free memory, or on unified memory MemAvailable plus what this process's allocator holds reserved but unused
