@@ -101,7 +101,10 @@ class BClient:
                           "start one with `python -m remote_worker setup` on machine B.")
         name = pl.create_name(self.config.name)
         held = self.held_workers() if self.refuse_unknown and not self.allow_new else []
-        if held:  # a typo of a name would load a second copy of the DiT on B: only when asked in so many words
+        # a typo of a name would load a second copy of the DiT on B: only when asked in so many words. A worker the
+        # spec names that did not answer its status in time (busy, its link just back) is not a typo: the factory
+        # below finds it by name (get_if_exists)
+        if held and not self.pool.names():
             raise H3Error(
                 f"actor_name {self.config.name!r} names no DiT worker in namespace {self.config.namespace!r}, and B "
                 f"already holds {', '.join(held)}: another worker would load a second copy of the DiT there (out of "
