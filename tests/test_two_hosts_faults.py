@@ -148,11 +148,16 @@ def test_two_hosts_comfyui_restarted_on_a_and_b_stays_resident_and_warm(pair, ho
                 pid, messages, _ = asyncio.run(_run(again, api, ui))
                 _ok(messages, pid)
                 first, after = ci._first_step_s(messages, pid), _b(again)
-                status = {d["node"]: d for d in _of(messages, "h3.timing", pid)}["2"]["summary"]["status"]
+                timings = {d["node"]: d for d in _of(messages, "h3.timing", pid)}
+                status = timings["2"]["summary"]["status"]
     finally:
         fwd.close()
     print(f"\n[two hosts] ComfyUI on A restarted ({started:.1f} s): first step {first:.3f} s vs warm {warm:.3f} s; B pid "
           f"{before['pid']} -> {after['pid']}, loads {before['loads']} -> {after['loads']}")
     assert after["pid"] == before["pid"] and after["loads"] == before["loads"], (before, after)
     assert "B was already resident" in status, status
-    assert first <= 2 * warm, (first, warm)
+    # warm = nothing loaded, swapped or reloaded before the first step (a ratio of step times is a benchmark's figure:
+    # under CI's other lane, B's one core gave 0.39 s against 0.05 s with B's model resident all along)
+    den = next(st for d in timings.values() for st in d.get("stages", []) if st.get("stage") == "denoise")
+    assert "reloaded_after_release_s" not in den["info"] and not den["info"].get("swapped_s"), den
+    assert den["load_s"] < 0.01 and "reloaded" not in den["note"], den
