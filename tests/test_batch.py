@@ -193,7 +193,7 @@ def test_batch_example_through_the_runner(local_host, tiny_ckpt, tmp_path):
     res = runner.execute(str(ROOT / "example_workflows" / "h3_t2va_batch.json"), model_path=str(tiny_ckpt),
                          output=str(tmp_path),
                          sets=["3.width=64", "3.height=64", "5.steps=3", '1.dtype="float32"', '2.dtype="float32"',
-                               '2.actor_name="h3_dit_test"'], quiet=True)
+                               '2.actor_name="new:h3_dit_test"'], quiet=True)
     videos = res.videos()
     assert len(videos) == 4 and [p.name for p in videos] == [f"video_{i:05d}_.mp4" for i in range(1, 5)]
     import av

@@ -393,7 +393,7 @@ def test_h3remotedit_refuses_a_ref2va_file_as_the_t2va_transformer(local_host, t
     shutil.copy(fixture(tiny_ckpt, "transformer_ref:int8_convrot"), ref)
     shutil.copytree(tiny_ckpt / "comfy" / "diffusion_models" / "transformer", models / "transformer")
     monkeypatch.setenv("H3_MODEL_DIRS", str(tmp_path / "models"))
-    sets = ['1.model_path="tiny-random"', f'2.model_path={json.dumps(str(ref))}', '2.actor_name="h3_dit_refpick"',
+    sets = ['1.model_path="tiny-random"', f'2.model_path={json.dumps(str(ref))}', '2.actor_name="new:h3_dit_refpick"',
             "3.width=64", "3.height=64", "5.steps=3"]
     with pytest.raises(Exception) as err:
         runner.execute(str(runner.EXAMPLES / "h3_t2va.json"), sets=sets, output=str(tmp_path / "out"), quiet=True)

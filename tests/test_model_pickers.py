@@ -136,7 +136,7 @@ def tiny_cache(tmp_path_factory, tiny_ckpt):
 
 
 def _connect(name, model="tiny-random", dtype="float32", backend="sdpa", partition="transformer"):
-    return N.H3RemoteDiT().connect("local", name, "comfy_h3", model, partition, dtype, backend)
+    return N.H3RemoteDiT().connect("local", "new:" + name, "comfy_h3", model, partition, dtype, backend)
 
 
 def test_tiny_random_on_both_sides_runs_and_b_lists_its_models(local_host, tiny_cache, tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p for p in (ROOT / "example_workflows").glob("h3_*.json") if not p.stem.startswith("h3_core_"))
 SINGLE = [p for p in EXAMPLES if p.stem != "h3_t2va_batch"]  # the batch example has tests of its own (test_batch)
 TINY_SETTINGS = ["3.width=64", "3.height=64", "3.num_frames=124", "5.steps=3", "1.dtype=\"float32\"",
-                 "2.dtype=\"float32\"", "2.actor_name=\"h3_dit_test\""]
+                 "2.dtype=\"float32\"", "2.actor_name=\"new:h3_dit_test\""]  # its own worker, asked for in so many words
 #: the FastH3 template: its checkpoint's folder and tiny model, and its trained steps (5 sigma points) as shipped
 FASTH3 = {"default": "/models/FastH3", "tiny": "tiny-random-fasth3", "forwards": 4, "actor": "h3_dit_fasth3_nodes"}
 
@@ -97,7 +97,7 @@ def runs(local_host, tiny_ckpt, tiny_fasth3, tmp_path_factory):
         sets, model = list(TINY_SETTINGS), tiny_ckpt
         if path.stem == "h3_fasth3_t2va":  # B serves the tiny FastH3 checkpoint at the template's own 5 steps
             sets = [s for s in sets if not s.startswith(("5.steps=", "2.actor_name="))]
-            sets.append(f"2.actor_name={json.dumps(FASTH3['actor'])}")  # its own B: the session's serves tiny-random
+            sets.append(f"2.actor_name={json.dumps('new:' + FASTH3['actor'])}")  # its own B: the session's serves tiny-random
             model = tiny_fasth3
         if path.stem == "h3_t2va_turbo":
             from comfy_h3_nodes.engine.model.tiny import build_tiny_lora
@@ -351,7 +351,7 @@ def test_remote_dit_node_recovers_when_its_b_actor_is_gone(local_host, tiny_ckpt
 
     import comfy_h3_nodes.nodes as N
 
-    args = ("local", "h3_dit_reconnect", "comfy_h3", str(tiny_ckpt), "transformer", "float32", "sdpa")
+    args = ("local", "new:h3_dit_reconnect", "comfy_h3", str(tiny_ckpt), "transformer", "float32", "sdpa")
     first = N.H3RemoteDiT().connect(*args)["result"][0]
     pid = ray.get(first.b.health.remote(), timeout=10)["pid"]
     ray.kill(first.b, no_restart=True)
@@ -373,7 +373,7 @@ def test_remote_dit_refuses_a_model_b_lacks_before_starting_a_worker(local_host,
     import comfy_h3_nodes.nodes as N
     from comfy_h3_nodes.engine.contract.errors import ModelFolderError
 
-    args = ("local", "h3_dit_nomodel", "comfy_h3")
+    args = ("local", "new:h3_dit_nomodel", "comfy_h3")
     with pytest.raises(ModelFolderError) as info:
         N.H3RemoteDiT().connect(*args, str(tmp_path / "MiniMax-H3"), "transformer", "float32", "sdpa")
     msg = str(info.value)
@@ -393,7 +393,7 @@ def test_remote_dit_names_the_missing_model_when_b_runs_another(local_host, tiny
     import comfy_h3_nodes.nodes as N
     from comfy_h3_nodes.engine.contract.errors import ModelFolderError
 
-    args = ("local", "h3_dit_switch", "comfy_h3")
+    args = ("local", "new:h3_dit_switch", "comfy_h3")
     dit = N.H3RemoteDiT().connect(*args, str(tiny_ckpt), "transformer", "float32", "sdpa")["result"][0]
     with pytest.raises(ModelFolderError) as info:
         N.H3RemoteDiT().connect(*args, str(tmp_path / "gone"), "transformer", "float32", "sdpa")
@@ -404,3 +404,30 @@ def test_remote_dit_names_the_missing_model_when_b_runs_another(local_host, tiny
 
     assert ray.get(dit.b.health.remote(), timeout=30)["ok"]
     ray.kill(dit.b, no_restart=True)
+
+
+def test_remote_dit_refuses_an_actor_name_typo_in_the_embedded_cluster(local_host, tiny_ckpt):
+    """#37 item 5 in the embedded cluster (this process would start B's worker itself): a name that matches no worker
+    while B holds one is refused with the names B has and the way to ask for another in so many words; no second
+    worker is started and the resident one keeps serving; ``new:<name>`` starts it on purpose."""
+    import ray
+
+    import comfy_h3_nodes.nodes as N
+
+    rest = (str(tiny_ckpt), "transformer", "float32", "sdpa")
+    held = N.H3RemoteDiT().connect("local", "new:h3_dit_held", "comfy_h3", *rest)["result"][0]
+    try:
+        with pytest.raises(Exception) as info:
+            N.H3RemoteDiT().connect("local", "h3_dit_hedl", "comfy_h3", *rest)
+        msg = str(info.value)
+        assert msg.startswith("actor_name 'h3_dit_hedl' names no DiT worker in namespace 'comfy_h3', and B already "
+                              "holds "), msg
+        assert "h3_dit_held" in msg and "'new:h3_dit_hedl' to start another worker on purpose" in msg, msg
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+        assert "h3_dit_hedl" not in names and "h3_dit_held" in names, names
+        assert ray.get(held.b.health.remote(), timeout=30)["ok"]
+        again = N.H3RemoteDiT().connect("local", "new:h3_dit_hedl", "comfy_h3", *rest)["result"][0]
+        assert ray.get(again.b.health.remote(), timeout=60)["ok"]  # asked for in so many words: started
+        ray.kill(again.b, no_restart=True)
+    finally:
+        ray.kill(held.b, no_restart=True)

@@ -316,7 +316,7 @@ def test_the_readout_names_the_ranks(request, local_host, pair, par_ckpt, media)
     from comfy_h3_nodes.engine import session
 
     encoders = N.H3LoadEncoders().load(str(par_ckpt), "float32", "sdpa")["result"][0]
-    dit = N.H3RemoteDiT().connect("local", "h3_dit_par_b1", "comfy_h3", str(par_ckpt), "transformer", "float32",
+    dit = N.H3RemoteDiT().connect("local", "new:h3_dit_par_b1", "comfy_h3", str(par_ckpt), "transformer", "float32",
                                   "sdpa", parallel="A+B", unique_id="2")
     # this module's workers go at its end: later modules' /h3/status must not find this connection to them
     request.addfinalizer(lambda: session.forget("h3_dit_par_b1"))

@@ -217,8 +217,9 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
                                       asked_by=asked_by),
                         timeouts=timeouts, actors=actors,
                         parallel=parallel)
-        # a machine B of its own: a name that matches none of its workers is refused, not a second DiT loaded there
-        ex.bclient.refuse_unknown, ex.bclient.allow_new = CLUSTER.mode == "address", allow_new
+        # a name that matches none of B's workers is refused, not a second DiT loaded there: on a machine B of its own
+        # and in the embedded cluster, where this process would start the worker itself (#37, item 5)
+        ex.bclient.refuse_unknown, ex.bclient.allow_new = True, allow_new
         ex.start()
         ex._cluster_started = CLUSTER.started
         ex._session_key, ex._session_opts = key, {"timeouts": timeouts, "threads": threads, "actors": actors}
