@@ -33,7 +33,7 @@ from comfy_h3_nodes.engine.model.backends import resolve_attention_backend
 from comfy_h3_nodes.engine.process import (ResidentActorMixin, base_health, memory_info, runtime_env,
                                            setup_process)
 
-from . import model_roots
+from . import model_roots, residency
 from .b_side import BSide
 
 log = logging.getLogger("comfy_h3.B")
@@ -68,10 +68,12 @@ def build_side(config: dict, side_class: type = BSide, **extra) -> BSide:
                  precision=config.get("precision") or "auto", residency=config.get("residency") or "auto",
                  sources=sources, memory_limit_bytes=config.get("memory_limit_bytes"),
                  decoder=config.get("decoder") or "auto", machine=config.get("role") or "B",
-                 vsa_kernel=config.get("vsa_kernel"), **extra)
+                 vsa_kernel=config.get("vsa_kernel"), workers=lambda: residency.other_workers(config.get("namespace") or NAMESPACE), **extra)
 
 
 class DiTActorImpl(ResidentActorMixin):
+    earlier_loads = reconfigures = 0  # the load count is this worker's: models it loaded before a reconfigure count
+
     def __init__(self, config: dict):
         setup_process(config.get("threads"))
         self.started = time.time()
@@ -356,6 +358,7 @@ class DiTActorImpl(ResidentActorMixin):
                 "memory_plan": {"summary": side.memory_plan.summary(), "canvas": list(side.memory_plan.canvas)}
                 if side else None,
                 "resident_bytes": self._held_bytes() if side else {}, "released": side.released if side else None,
+                "plan": side.plan_bytes() if side else None,  # what a new worker's plan counts of this one
                 "current": cur, "queue": queue, "queued_steps": queued,
                 "step_s": steps[len(steps) // 2] if steps else None}
 
@@ -455,6 +458,7 @@ class DiTActorImpl(ResidentActorMixin):
             if path.is_file():
                 formats.detect(path, partition)  # a transformer file: refused here if it is not one B can load
         old = self.config
+        self.earlier_loads += len(self.side.load_records)
         self.side = None  # drop the old model first: B's memory holds one
         try:
             self.side = self.make_side(new)
@@ -463,7 +467,7 @@ class DiTActorImpl(ResidentActorMixin):
             self.side = self.make_side(old)
             raise RuntimeError(f"B could not load {', '.join(f'{k} {v[1]}' for k, v in diff.items())} "
                                f"({type(exc).__name__}: {exc}); it serves its previous settings again.") from exc
-        self.config = new
+        self.config, self.reconfigures = new, self.reconfigures + 1
         log.info("reconfigured %s in %.2f s", diff, time.perf_counter() - t0)
         return {"changed": diff, "seconds": time.perf_counter() - t0}
 
@@ -518,6 +522,7 @@ class DiTActorImpl(ResidentActorMixin):
         info["resident_bytes"] = self._held_bytes()  # per partition (and the decoder): what the panel shows
         info["released"] = self.side.released  # set while the weights are released on request
         info["reloads"] = self.side.reloads
+        info["loads"], info["reconfigures"] = self.earlier_loads + info["loads"], self.reconfigures  # never backwards
         info["recent"] = list(self.recent)[-10:]
         info["busy"] = any(p["state"] in ("waiting", "running") for p in list(self._progress.values()))
         info["forwards"] = {"served": self.forwards, "interrupted": list(self.interrupts)}

@@ -190,15 +190,17 @@ class BSide(ComfySamplerForwards, Releasable):
     ``residency``: ``auto`` (both partitions when the plan fits them, else one), ``both`` (refused unless it fits) or
     ``one``. ``memory_limit_bytes`` replaces the measured free memory in the plan (tests; else
     ``H3_MEMORY_LIMIT_BYTES``); ``plan_canvas`` is the (height, width, frames) working memory is budgeted for (default:
-    the checkpoint's default canvas, 1344x768x124 for the release)."""
+    the checkpoint's default canvas, 1344x768x124 for the release); ``workers``: B's other workers, which the plan
+    counts (:func:`memory_plan.counted_workers`; a dict, or a call that asks them at each plan)."""
 
     def __init__(self, model_dir: str | os.PathLike, partition: str = "transformer", dtype: str = "bfloat16",
                  attention_backend: str = "sdpa", device: str | None = None, allow_swap: bool = True,
                  path_check: Callable | None = None, precision: str = "auto", residency: str = "auto",
                  sources: dict | None = None, memory_limit_bytes: int | None = None,
                  plan_canvas: tuple | None = None, decoder: str = "auto", machine: str = "B",
-                 vsa_kernel: str | None = None):
-        self.machine = machine  # "A": a DiT rank on A's machine (parallel denoise); its plan says so
+                 vsa_kernel: str | None = None, workers: dict | None = None):
+        # "A": a DiT rank on A's machine (parallel denoise), its plan says so; workers: B's others, its plan counts
+        self.machine, self.workers = machine, workers
         self.attention_backend = resolve_attention_backend(attention_backend)
         self.device = split.pick_device(device)
         if precision == "bf16":
@@ -257,7 +259,7 @@ class BSide(ComfySamplerForwards, Releasable):
     def _plan(self, partition: str, residency: str, limit: int | None, canvas: tuple) -> memory_plan.MemoryPlan:
         """The plan B loads by, checked before anything loads (:func:`memory_plan.choose_b_plan`)."""
         return memory_plan.choose_b_plan(self.sources, partition, self.precision, residency, self.dtype, self.device,
-                                         canvas, limit, self.allow_swap, self.machine).check()
+                                         canvas, limit, self.allow_swap, self.machine, self.others()).check()
 
     def memory_report(self) -> dict:
         """The plan B loaded by and what it really holds (health's ``memory_plan``)."""

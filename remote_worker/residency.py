@@ -18,6 +18,18 @@ class Releasable:
     """Mixed into :class:`~.b_side.BSide` (its ``_lock``, ``_host``, ``sources``, ``resident_partitions``, ``vae``,
     ``_load_partition`` and ``_activate``)."""
 
+    def others(self) -> dict | None:
+        """B's other workers now (``workers``: a dict, or a call that asks them), which every plan counts."""
+        return self.workers() if callable(self.workers) else self.workers
+
+    def plan_bytes(self) -> dict:
+        """What another worker's plan counts of this one: its plan's resident bytes (with the split-decode VAE when
+        that loaded) and working memory, released or not."""
+        dec = self.decoder_plan
+        plan = dec if dec is not None and dec.fits and (self.vae is not None or (self.released or {}).get("vae")) \
+            else self.memory_plan
+        return {"planned": int(plan.resident_bytes), "working": int(plan.working_bytes)}
+
     def release(self, cause: str = "a release") -> dict:
         """Drop the weights (every resident partition, the decoder, the adapters) and keep everything else: the
         sources, the schedulers, the plan. The next denoise reloads what was resident (``reload_if_released``).
@@ -53,7 +65,8 @@ class Releasable:
                 return 0.0
             t0 = time.perf_counter()
             memory_plan.plan_b(self.sources, tuple(rel["partitions"]), self.precision, self.dtype, self.device,
-                               self.memory_plan.canvas, self.memory_limit_bytes, machine=self.machine).check()
+                               self.memory_plan.canvas, self.memory_limit_bytes, machine=self.machine,
+                               workers=self.others()).check()
             reason = f"reloaded after {rel['cause']}"
             for name in rel["partitions"]:
                 self._load_partition(name, reason)
@@ -68,4 +81,35 @@ class Releasable:
             self.released = None
             self.reloads += 1
             return time.perf_counter() - t0
+
+
+def other_workers(namespace: str, bound_s: float = 5.0) -> dict:
+    """B's other DiT workers of ``namespace`` on this worker's node (the Ray actor this runs in), for its memory plan:
+    ``name -> {"planned", "working", "now", "released"}`` from each one's ``pool_status``, all asked at once and
+    waited for at most ``bound_s``; one that does not answer in time (still loading) is not counted. ``{}`` outside
+    an actor."""
+    import ray  # noqa: PLC0415 - only inside B's worker process
+
+    ctx = ray.get_runtime_context()
+    me, ns = ctx.get_actor_name(), namespace
+    if not me:
+        return {}
+    refs = {}
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        if a.get("namespace") == ns and a["name"] != me:
+            try:
+                refs[a["name"]] = ray.get_actor(a["name"], namespace=ns).pool_status.remote()
+            except (ValueError, AttributeError):  # gone since the listing, or not a DiT worker
+                continue
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=bound_s) if refs else ([], [])
+    out = {}
+    for name, ref in refs.items():
+        try:
+            st = ray.get(ref, timeout=0) if ref in ready else None
+        except Exception:  # noqa: BLE001 - a worker that failed to load holds nothing
+            continue
+        if st and st.get("node_id") == ctx.get_node_id() and st.get("plan"):
+            out[name] = {**st["plan"], "now": int(sum((st.get("resident_bytes") or {}).values())),
+                         "released": bool(st.get("released"))}
+    return out
 

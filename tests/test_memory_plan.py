@@ -139,3 +139,68 @@ def test_preflight_prints_the_plan_b_will_load_by(tiny_ckpt, monkeypatch):
                             model_roots=[str(tiny_ckpt)], object_store_mb=1, head_timeout=2))
     plan = next(c for c in res.checks if c.name == "memory plan")
     assert not plan.ok and "B plan (fp8, transformer only, swapping)" in plan.detail and "--precision" in plan.fix
+
+
+def test_b_plan_counts_the_workers_b_holds(tiny_ckpt):
+    """#37 item 5: B's plan beside the workers B holds. A fixed figure (a limit: B's whole budget) loses each other
+    worker's model and working memory; a measured one (MemAvailable already lacks what they hold) loses their working
+    memory and a released worker's model (its next request loads it again), and says what they hold now."""
+    from comfy_h3_nodes.engine.model import formats
+
+    sources = {"transformer": formats.detect(tiny_ckpt, "transformer")}
+    alone = mp.plan_b(sources, ("transformer",), "auto", "float32", limit_bytes=10**9)
+    other = {"planned": alone.resident_bytes, "working": alone.working_bytes, "now": alone.resident_bytes}
+    limit = int((alone.need_bytes + 0.5 * (other["planned"] + other["working"])) / (1 - mp.margin_fraction()))
+    assert mp.plan_b(sources, ("transformer",), "auto", "float32", limit_bytes=limit).fits  # alone it fits
+    beside = mp.plan_b(sources, ("transformer",), "auto", "float32", limit_bytes=limit, workers={"h3_dit": other})
+    assert not beside.fits
+    assert beside.usable_bytes == limit - beside.margin_bytes - other["planned"] - other["working"]
+    with pytest.raises(mp.MemoryPlanError) as info:
+        beside.check()
+    said = str(info.value)
+    assert said.startswith("memory plan refused before loading anything: B plan (float32, transformer only"), said
+    assert f"margin kept, less worker h3_dit's {mp.human(other['planned'] + other['working'])})" in said, said
+    # measured: a loaded worker's model is already outside the free figure, a released one's is not
+    reserved, held = mp.counted_workers({"h3_dit": other}, "MemAvailable")
+    assert reserved == {"worker h3_dit": other["working"]} and held == {"worker h3_dit's weights": other["now"]}
+    reserved, held = mp.counted_workers({"h3_dit": {**other, "now": 0, "released": True}}, "MemAvailable")
+    assert reserved == {"worker h3_dit": other["planned"] + other["working"]} and held == {}
+    assert mp.counted_workers(None, "limit") == ({}, {})
+
+
+def test_a_second_worker_that_would_not_fit_beside_the_one_b_holds_is_refused_before_loading(ray_cluster, tiny_ckpt):
+    """A second worker on B on purpose: its plan counts the worker B holds (asked on B, by the new worker) and is
+    refused before it loads anything, with the numbers; alone, the same budget fits it. The first keeps serving."""
+    import dataclasses
+    import os
+
+    import ray
+
+    from comfy_h3_nodes.engine.contract.configs import BConfig
+    from comfy_h3_nodes.engine.model import formats
+    from remote_worker.actor import start_dit
+
+    first_name, second_name = f"h3_dit_held_{os.getpid()}", f"h3_dit_beside_{os.getpid()}"
+    cfg = dataclasses.asdict(BConfig(str(tiny_ckpt), dtype="float32", threads=1, name=first_name, max_restarts=0))
+    first = start_dit(cfg, detached=False, get_if_exists=False)
+    second = None
+    try:
+        held = ray.get(first.pool_status.remote(), timeout=120)["plan"]
+        assert held["planned"] > 0 and held["working"] > 0, held
+        one = mp.plan_b({"transformer": formats.detect(tiny_ckpt, "transformer")}, ("transformer",), "auto",
+                        "float32", canvas=mp.default_canvas(tiny_ckpt), limit_bytes=10**9)
+        limit = int((one.need_bytes + 0.5 * (held["planned"] + held["working"])) / (1 - mp.margin_fraction()))
+        assert mp.plan_b({"transformer": formats.detect(tiny_ckpt, "transformer")}, ("transformer",), "auto",
+                         "float32", canvas=one.canvas, limit_bytes=limit).fits  # the same budget fits it alone
+        second = start_dit({**cfg, "name": second_name, "memory_limit_bytes": limit}, detached=False,
+                           get_if_exists=False)
+        with pytest.raises(ray.exceptions.RayError) as info:
+            ray.get(second.ping.remote(), timeout=120)
+        said = str(info.value)
+        assert "memory plan refused before loading anything: B plan (float32, transformer only" in said, said
+        assert f"less worker {first_name}'s {mp.human(held['planned'] + held['working'])})" in said, said
+        assert ray.get(first.pool_status.remote(), timeout=30)["ok"]  # the worker B holds keeps serving
+    finally:
+        for actor in (second, first):
+            if actor is not None:
+                ray.kill(actor, no_restart=True)

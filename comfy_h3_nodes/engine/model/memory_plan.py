@@ -315,6 +315,8 @@ class MemoryPlan:
     options: list[tuple[str, int]] = field(default_factory=list)  # alternatives that fit: (label, need)
     held_elsewhere: dict = field(default_factory=dict)  # not free: name -> bytes (A: ComfyUI's loaded models)
     advice: list = field(default_factory=list)  # other ways out (A: free ComfyUI's models, a smaller file, ...)
+    #: free now but another holder's (B: the other workers' models, :func:`counted_workers`): name -> bytes
+    reserved: dict = field(default_factory=dict)
 
     @property
     def resident_bytes(self) -> int:
@@ -335,7 +337,7 @@ class MemoryPlan:
 
     @property
     def usable_bytes(self) -> int:
-        return self.available_bytes - self.margin_bytes
+        return self.available_bytes - self.margin_bytes - sum(self.reserved.values())
 
     @property
     def fits(self) -> bool:
@@ -351,7 +353,8 @@ class MemoryPlan:
                 if self.load_peak_bytes > self.resident_bytes + self.working_bytes else "")
         text = (f"{self.machine} plan ({self.label}): {self.terms()} = {human(self.resident_bytes + self.working_bytes)}"
                 f"{peak} {rel} {human(self.usable_bytes)} free on {self.machine} ({self.available_from}, "
-                f"{human(self.margin_bytes)} margin kept)")
+                f"{human(self.margin_bytes)} margin kept"
+                + "".join(f", less {k}'s {human(v)}" for k, v in self.reserved.items() if v > 0) + ")")
         held = {k: v for k, v in self.held_elsewhere.items() if v > 0}
         if held:
             text += ("; besides the free memory " + ", ".join(f"{k} hold {human(v)}" for k, v in held.items()))
@@ -375,34 +378,57 @@ class MemoryPlan:
         return self
 
 
+def counted_workers(workers: dict | None, where: str) -> tuple[dict, dict]:
+    """``(reserved, held_elsewhere)`` of a plan beside B's other workers (``name -> {"planned": bytes its plan holds
+    resident, "working": its working memory, "now": bytes it holds now, "released": bool}``). Each may denoise while
+    this one does: its working memory is taken out of the free figure. A fixed figure (a limit) is B's whole budget,
+    so its model is too; a measured one (MemAvailable) already lacks what it holds now, so only a released worker's
+    model is (its next request loads it again); what it holds now is said besides the free memory."""
+    fixed = where in ("limit", LIMIT_ENV)
+    reserved, held = {}, {}
+    for name, w in sorted((workers or {}).items()):
+        planned = int(w.get("planned") or 0) if fixed or w.get("released") else 0
+        reserved[f"worker {name}"] = planned + int(w.get("working") or 0)
+        if not fixed and w.get("now"):
+            held[f"worker {name}'s weights"] = int(w["now"])
+    return reserved, held
+
+
 def plan_b(sources: dict[str, formats.TransformerSource], partitions: tuple[str, ...], precision: str = "auto",
            dtype: str = "bfloat16", device: str = "cpu", canvas=DEFAULT_CANVAS, limit_bytes: int | None = None,
-           with_options: bool = True, machine: str = "B") -> MemoryPlan:
+           with_options: bool = True, machine: str = "B", workers: dict | None = None) -> MemoryPlan:
     """B's plan: ``partitions`` resident at ``precision`` from ``sources`` (partition -> source), plus working memory
-    for ``canvas``. ``options`` lists the other precisions/residencies of the same files that would fit."""
+    for ``canvas``, beside the ``workers`` B already holds (:func:`counted_workers`). ``options`` lists the other
+    precisions/residencies of the same files that would fit."""
     avail, where = available_memory(device, limit_bytes)
+    reserved, held = counted_workers(workers, where)
     comps = [transformer_bytes(sources[p], precision, dtype, device, p) for p in partitions]
     first = sources[partitions[0]]
     working = working_bytes_b(comfy_dit.model_config(first), resolve_precision(precision, first), dtype, canvas, device=device)
     residency = "both partitions" if len(partitions) > 1 else f"{partitions[0]} only, swapping"
     label = f"{comps[0].precision}, {residency}"
-    plan = MemoryPlan(machine, label, comps, working, avail, where, int(avail * margin_fraction()), tuple(canvas))
+    plan = MemoryPlan(machine, label, comps, working, avail, where, int(avail * margin_fraction()), tuple(canvas),
+                      held_elsewhere=held, reserved=reserved)
     if with_options and not plan.fits:
-        plan.options = fitting_options_b(sources, dtype, device, canvas, avail, plan.margin_bytes, exclude=label)
+        plan.options = fitting_options_b(sources, dtype, device, canvas, avail - sum(reserved.values()),
+                                         plan.margin_bytes, exclude=label)
     return plan
 
 
 def choose_b_plan(sources: dict[str, formats.TransformerSource], partition: str, precision: str = "auto",
                   residency: str = "auto", dtype: str = "bfloat16", device: str = "cpu", canvas=DEFAULT_CANVAS,
-                  limit_bytes: int | None = None, allow_swap: bool = True, machine: str = "B") -> MemoryPlan:
+                  limit_bytes: int | None = None, allow_swap: bool = True, machine: str = "B",
+                  workers: dict | None = None) -> MemoryPlan:
     """The plan B loads by (unchecked): both partitions when ``residency`` is ``both``, or ``auto`` and they fit;
     else ``partition`` alone (requests for the other swap it). B's loader and ``remote_worker preflight`` share it."""
     other = next((p for p in PARTITIONS if p != partition and p in sources), None)
     if residency != "one" and other is not None and allow_swap:
-        both = plan_b(sources, (partition, other), precision, dtype, device, canvas, limit_bytes, machine=machine)
+        both = plan_b(sources, (partition, other), precision, dtype, device, canvas, limit_bytes, machine=machine,
+                      workers=workers)
         if both.fits or residency == "both":
             return both
-    return plan_b(sources, (partition,), precision, dtype, device, canvas, limit_bytes, machine=machine)
+    return plan_b(sources, (partition,), precision, dtype, device, canvas, limit_bytes, machine=machine,
+                  workers=workers)
 
 
 def fitting_options_b(sources, dtype, device, canvas, avail, margin, exclude="") -> list[tuple[str, int]]:
