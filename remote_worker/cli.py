@@ -481,7 +481,8 @@ def cmd_status(args) -> int:
     held = h.get("resident_bytes") or {}
     print("  weights    " + (f"released ({h['released'].get('cause')}): the next request reloads them" if h.get("released")
                              else ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in held.items()) or "-"))
-    print(f"  uptime     {h['uptime_s']:.0f} s, {h['loads']} load(s)")
+    print(f"  uptime     {h['uptime_s']:.0f} s, {h['loads']} load(s) since this worker (pid {h['pid']}) started"
+          + (f", {h['reconfigures']} reconfigure(s)" if h.get("reconfigures") else ""))
     print("  versions   " + ", ".join(f"{k} {v}" for k, v in h.get("versions", {}).items()))
     recent = h.get("recent", [])
     print(f"  recent     {len(recent)} request(s)" + ("" if recent else " (none yet)"))

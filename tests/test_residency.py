@@ -183,3 +183,24 @@ def test_b_actor_release_through_the_pool(ray_cluster, tiny_ckpt, media):
             pool.release("h3_nobody_*", "comfy_h3", timeout=5)
     finally:
         ray.kill(actor, no_restart=True)
+
+
+def test_b_load_count_never_goes_backwards_when_b_is_reconfigured(ray_cluster, tiny_ckpt):
+    """#37 item 9: B's load count (health ``loads``: what ``remote_worker status`` and the node's note show) is the
+    worker's since it started. A reconfigure (another model, dtype: a new model object on the same worker) adds its
+    loads to it; the count fell 5 -> 3 before, when the new model's own records replaced the old ones."""
+    from remote_worker.actor import start_dit
+
+    actor = start_dit({"model_dir": str(tiny_ckpt), "dtype": "float32", "threads": 1,
+                       "name": "h3_dit_load_count_test", "max_restarts": 0}, detached=False)
+    try:
+        before = ray.get(actor.health.remote(), timeout=120)
+        assert before["loads"] >= 3 and before["reconfigures"] == 0, before
+        done = ray.get(actor.reconfigure.remote({"dtype": "bfloat16"}), timeout=120)
+        assert done["changed"] == {"dtype": ["float32", "bfloat16"]}
+        after = ray.get(actor.health.remote(), timeout=30)
+        loaded_now = len(ray.get(actor.load_records.remote(), timeout=30))  # the new model's own loads
+        assert after["pid"] == before["pid"] and after["reconfigures"] == 1, after
+        assert after["loads"] == before["loads"] + loaded_now > before["loads"], (before["loads"], after["loads"])
+    finally:
+        ray.kill(actor, no_restart=True)

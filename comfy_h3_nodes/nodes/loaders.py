@@ -201,7 +201,7 @@ def connection_readout(ex) -> tuple[str, dict]:
         note += f" · pool of {len(workers)}: " + ", ".join(f"{w['name']} {w['node']}" for w in workers)
     if ex.last_reconfigure:
         note += f" · B reconfigured: {ex.last_reconfigure}"
-    residency = b_residency_text(b, session.CLUSTER.started)
+    residency = b_residency_text(b, session.CLUSTER.started, ex.last_reconfigure)
     if residency:
         note += f" · {residency}"
     if plan.get("summary"):
@@ -223,14 +223,18 @@ def connection_readout(ex) -> tuple[str, dict]:
     return note, extra
 
 
-def b_residency_text(b: dict, joined_at: float) -> str:
+def b_residency_text(b: dict, joined_at: float, reconfigured: str = "") -> str:
     """Whether B's model was resident before this process joined (a ComfyUI restart in the two-machine layout: B's
-    worker is reused, nothing loads), or is released (the next denoise reloads it)."""
+    worker is reused, nothing loads; ``reconfigured``: this connection reloaded it), or is released (the next denoise
+    reloads it). The load count is the worker's since it started: a reconfigure adds to it, never resets it."""
     rel = b.get("released")
     if rel:
         return (f"B's model is released ({rel.get('cause')}, {rel.get('total_bytes', 0) / 2**20:.1f} MiB): the next "
                 "denoise reloads it")
     up = float(b.get("uptime_s") or 0.0)
+    if joined_at and up > time.time() - joined_at + 1.0 and reconfigured:
+        return (f"B's worker up {up:.0f} s, from before this process joined: {b.get('loads', 0)} load(s) since it "
+                f"started, this reconfigure's among them ({b.get('reconfigures', 0)} reconfigure(s))")
     if joined_at and up > time.time() - joined_at + 1.0:
         return (f"B was already resident (its worker up {up:.0f} s, before this process joined; "
                 f"{b.get('loads', 0)} load(s), none now)")
