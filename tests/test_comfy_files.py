@@ -344,7 +344,7 @@ def test_a_template_names_comfy_org_files_on_both_machines(local_host, tiny_ckpt
     sets = ['1.text_encoder="qwen3vl_32b_minimax_h3_bf16.safetensors"',
             '1.vae="minimax_h3_video_vae_int8_convrot.safetensors"', '1.audio_vae="minimax_h3_audio_vae_fp32.safetensors"',
             '1.model_path="tiny-random"', f'2.model_path={json.dumps(str(dit))}', "3.width=64", "3.height=64",
-            "5.steps=3"]
+            "5.steps=3", '2.actor_name="new:h3_dit"']  # the template's worker, started here if none is
     res = runner.execute(str(runner.EXAMPLES / "h3_t2va.json"), sets=sets, output=str(tmp_path / "out"), quiet=True)
     (video,) = res.videos()
     assert video.stat().st_size > 0
