@@ -160,6 +160,7 @@ def test_b_plan_counts_the_workers_b_holds(tiny_ckpt):
     said = str(info.value)
     assert said.startswith("memory plan refused before loading anything: B plan (float32, transformer only"), said
     assert f"margin kept, less worker h3_dit's {mp.human(other['planned'] + other['working'])})" in said, said
+    assert said.endswith("; options: set actor_name to h3_dit, which B holds"), said
     # measured: a loaded worker's model is already outside the free figure, a released one's is not
     reserved, held = mp.counted_workers({"h3_dit": other}, "MemAvailable")
     assert reserved == {"worker h3_dit": other["working"]} and held == {"worker h3_dit's weights": other["now"]}

@@ -412,6 +412,8 @@ def plan_b(sources: dict[str, formats.TransformerSource], partitions: tuple[str,
     if with_options and not plan.fits:
         plan.options = fitting_options_b(sources, dtype, device, canvas, avail - sum(reserved.values()),
                                          plan.margin_bytes, exclude=label)
+    if not plan.fits and reserved:  # the way out a second worker has: the one B holds
+        plan.advice = [f"set actor_name to {', '.join(k.removeprefix('worker ') for k in reserved)}, which B holds"]
     return plan
 
 
