@@ -210,6 +210,11 @@ def _start_actor(args, model_dir: pathlib.Path, roots: list[str], node_ip: str):
             print(f"the DiT actor {args.name!r} already runs on {node_ip} with {model_dir} ({args.partition}): "
                   "re-using it", flush=True)
             return existing, h
+        if h.get("reconfigures") and h.get("node_ip") == node_ip and not args.replace:  # A's nodes chose since
+            print(f"the DiT actor {args.name!r} already runs on {node_ip}, reconfigured by A since it was set up (it "
+                  f"serves {h.get('model')} now; {h.get('loads')} load(s) since it started, pid {h.get('pid')}): re-using "
+                  "it, A's nodes choose what it serves (--replace starts it again with these settings)", flush=True)
+            return existing, h
         desc = (f"{h.get('model_dir')} ({h.get('partition')}, {h.get('dtype')}) on {h.get('node_ip')}"
                 if "error" not in h
                 else f"an actor that does not answer ({h['error']})")
