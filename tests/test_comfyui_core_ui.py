@@ -47,10 +47,10 @@ def _b_models_tree(root: pathlib.Path, tiny_ckpt) -> pathlib.Path:
 
 
 @contextlib.contextmanager
-def _two_machines(tiny_ckpt, monkeypatch):
+def _two_machines(tiny_ckpt, monkeypatch, again: list | None = None):
     """A's head by ``cluster start-head`` (127.0.0.2) and B by ``remote_worker setup`` (127.0.0.3) with
     ``--model-root`` a ComfyUI ``models/`` tree, as docs/two_spark_setup.md sets them up: yields
-    ``(head address, B's models root)``; stops both after."""
+    ``(head address, B's models root)``; stops both after. ``again``: gets a call that runs the same setup again."""
     from comfy_h3_nodes.cluster import ray_node as rn
 
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
@@ -68,10 +68,13 @@ def _two_machines(tiny_ckpt, monkeypatch):
                             "--token-file", str(token), "--object-store-mb", "96", "--temp-dir", ra, "--num-cpus",
                             "2", "--json"], env, 120)
         assert out.returncode == 0, out.stdout + out.stderr
-        out = _cli(python, ["remote_worker", "setup", "--allow-cpu", "--head", head, "--node-ip", "127.0.0.3",
-                            "--model-path", str(models / "diffusers" / "MiniMax-H3"), "--transformer-file",
-                            str(models / "diffusion_models" / NATIVE_DIT), "--model-root", str(models), "--token-file", str(token), "--object-store-mb", "96", "--temp-dir", rb,
-                            "--dtype", "float32", "--threads", "1", "--num-cpus", "2", "--json"], env, 240)
+        setup = ["remote_worker", "setup", "--allow-cpu", "--head", head, "--node-ip", "127.0.0.3", "--model-path",
+                 str(models / "diffusers" / "MiniMax-H3"), "--transformer-file", str(models / "diffusion_models" / NATIVE_DIT),
+                 "--model-root", str(models), "--token-file", str(token), "--object-store-mb", "96", "--temp-dir", rb,
+                 "--dtype", "float32", "--threads", "1", "--num-cpus", "2", "--json"]
+        out = _cli(python, setup, env, 240)
+        if again is not None:
+            again.append(lambda: _cli(python, setup, env, 240))
         assert out.returncode == 0, out.stdout + out.stderr
         # setup names the file it loads the transformer from, not the folder (#37, item 9)
         assert f"loading transformer from {models / 'diffusion_models' / NATIVE_DIT}" in out.stdout, out.stdout
@@ -98,52 +101,124 @@ def _b_health(server) -> dict:
     return bs[-1]
 
 
-def test_core_ui_two_machines_a_name_means_one_file_with_b_root_a_models_tree(tmp_path_factory, tiny_ckpt,
-                                                                               monkeypatch):
+def _second_worker_budget(tiny_ckpt) -> int:
+    """A budget (``H3_MEMORY_LIMIT_BYTES``) that fits one worker on :data:`NATIVE_DIT` (its plan, as B makes it:
+    the file, the release's configs and canvas, fp32) but not two: 1.5 of one worker's need, margin kept."""
+    from comfy_h3_nodes.engine.model import formats
+    from comfy_h3_nodes.engine.model import memory_plan as mp
+
+    src = formats.detect(fixture(tiny_ckpt, "transformer:pruned_bf16"), "transformer", formats.RELEASED_CONFIG_DIR)
+    one = mp.choose_b_plan({"transformer": src}, "transformer", "auto", "auto", "float32", "cpu",
+                           mp.default_canvas(formats.RELEASED_CONFIG_DIR), limit_bytes=10**12)
+    return int(1.5 * one.need_bytes / (1 - mp.margin_fraction()))
+
+
+@pytest.fixture(scope="module")
+def two_machines_comfyui(tmp_path_factory, tiny_ckpt):
+    """The two-machine layout (:func:`_two_machines`) and a ComfyUI on A joined to it, shared by this module's
+    two-machine tests: ``(head, B's models root, server, setup_again)``. ComfyUI's environment carries a B budget
+    (:func:`_second_worker_budget`) that only the workers it starts on B plan by (setup's worker measures B)."""
+    again: list = []
+    with pytest.MonkeyPatch.context() as mp:
+        with _two_machines(tiny_ckpt, mp, again) as (head, models):
+            mp.setenv("H3_MEMORY_LIMIT_BYTES", str(_second_worker_budget(tiny_ckpt)))
+            with _started_comfyui(tmp_path_factory, tiny_ckpt) as server:
+                yield head, models, server, again[0]
+
+
+def test_core_ui_two_machines_a_name_means_one_file_with_b_root_a_models_tree(two_machines_comfyui):
     """Two machines, B's ``--model-root`` a ComfyUI ``models/`` tree: ComfyUI's own graph with H3RemoteModel runs on
     UNETLoader's name of a file (``minimax_h3_t2va_pruned_bf16.safetensors``, which B holds as
     ``diffusion_models/...``) and on a file only B has (A's ComfyUI never listed it: ComfyUI's own check lets B
     decide); once connected, the node's picker lists B's files by UNETLoader's names; a typo is refused in one
     sentence naming H3RemoteModel's unet_name and the names B has, and the next run runs; a typo of the worker's
     name (actor_name h3_dti beside B's h3_dit) is refused with the names B has, no second DiT started there."""
-    with _two_machines(tiny_ckpt, monkeypatch) as (head, models):
-        with _started_comfyui(tmp_path_factory, tiny_ckpt) as server:
-            pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, NATIVE_DIT, "core_ui_two_a")))
-            _ok(messages, pid)
-            b = _b_health(server)
-            assert b["model"] == str(models / "diffusion_models" / NATIVE_DIT), b  # B's own file, not A's copy
-            (note,) = [d["summary"]["status"] for d in _of(messages, "h3.timing", pid) if d["node"] == "4"]
-            assert f"ComfyUI's MODEL of {NATIVE_DIT}" in note, note
-            # the picker (what ComfyUI's page offers and checks) now lists B's files by UNETLoader's names
-            listed = _http_json(server, "GET", "/object_info/H3RemoteModel")["H3RemoteModel"]["input"]["required"][
-                "unet_name"][0]
-            assert {NATIVE_DIT, B_ONLY, NATIVE_REF_DIT} <= set(listed) and not [n for n in listed if "/" in n], listed
-            pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, B_ONLY, "core_ui_two_b")))
-            _ok(messages, pid)
-            assert _b_health(server)["model"] == str(models / "diffusion_models" / B_ONLY)
-            typo = "minimax_h3_t2va_pruned_bf61.safetensors"
-            pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, typo, "core_ui_two_c")))
-            (err,) = _of(messages, "execution_error", pid)
-            msg = err["exception_message"].strip()
-            assert err["node_id"] == "4" and err["node_type"] == "H3RemoteModel", err
-            assert msg.startswith(f"machine B has no model {typo!r} under its model roots ({models})"), msg
-            assert "H3RemoteModel's unet_name" in msg and "H3RemoteDiT" not in msg and "\n" not in msg, msg
-            assert f"B has: {', '.join(sorted([B_ONLY, NATIVE_REF_DIT, NATIVE_DIT]))} (B serves " in msg, msg
-            pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, NATIVE_DIT, "core_ui_two_d")))
-            _ok(messages, pid)
-            # a typo of the worker's name: refused with the names B has, no second DiT started on B (#37, item 5)
-            api = _remote_prompt(head, NATIVE_DIT, "core_ui_two_e")
-            api["4"]["inputs"]["actor_name"] = "h3_dti"
-            pid, messages, _ = asyncio.run(_run(server, api))
-            (err,) = _of(messages, "execution_error", pid)
-            said = err["exception_message"].strip()
-            assert err["node_id"] == "4" and said.startswith(
-                "actor_name 'h3_dti' names no DiT worker in namespace 'comfy_h3', and B already holds h3_dit: "), said
-            assert "'new:h3_dti' to start another worker on purpose" in said, said
-            names = [w["name"] for w in _status(server)["workers"] if w.get("machine", "B") == "B"]
-            assert names == ["h3_dit"], names
-            print(f"\n[h3 core_ui] two machines, B's root {models} (a models/ tree): {NATIVE_DIT} and {B_ONLY} ran "
-                  f"by UNETLoader's names; the typo was refused: {msg}")
+    head, models, server, _ = two_machines_comfyui
+    pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, NATIVE_DIT, "core_ui_two_a")))
+    _ok(messages, pid)
+    b = _b_health(server)
+    assert b["model"] == str(models / "diffusion_models" / NATIVE_DIT), b  # B's own file, not A's copy
+    (note,) = [d["summary"]["status"] for d in _of(messages, "h3.timing", pid) if d["node"] == "4"]
+    assert f"ComfyUI's MODEL of {NATIVE_DIT}" in note, note
+    # the picker (what ComfyUI's page offers and checks) now lists B's files by UNETLoader's names
+    listed = _http_json(server, "GET", "/object_info/H3RemoteModel")["H3RemoteModel"]["input"]["required"][
+        "unet_name"][0]
+    assert {NATIVE_DIT, B_ONLY, NATIVE_REF_DIT} <= set(listed) and not [n for n in listed if "/" in n], listed
+    pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, B_ONLY, "core_ui_two_b")))
+    _ok(messages, pid)
+    assert _b_health(server)["model"] == str(models / "diffusion_models" / B_ONLY)
+    typo = "minimax_h3_t2va_pruned_bf61.safetensors"
+    pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, typo, "core_ui_two_c")))
+    (err,) = _of(messages, "execution_error", pid)
+    msg = err["exception_message"].strip()
+    assert err["node_id"] == "4" and err["node_type"] == "H3RemoteModel", err
+    assert msg.startswith(f"machine B has no model {typo!r} under its model roots ({models})"), msg
+    assert "H3RemoteModel's unet_name" in msg and "H3RemoteDiT" not in msg and "\n" not in msg, msg
+    assert f"B has: {', '.join(sorted([B_ONLY, NATIVE_REF_DIT, NATIVE_DIT]))} (B serves " in msg, msg
+    pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, NATIVE_DIT, "core_ui_two_d")))
+    _ok(messages, pid)
+    # a typo of the worker's name: refused with the names B has, no second DiT started on B (#37, item 5)
+    api = _remote_prompt(head, NATIVE_DIT, "core_ui_two_e")
+    api["4"]["inputs"]["actor_name"] = "h3_dti"
+    pid, messages, _ = asyncio.run(_run(server, api))
+    (err,) = _of(messages, "execution_error", pid)
+    said = err["exception_message"].strip()
+    assert err["node_id"] == "4" and said.startswith(
+        "actor_name 'h3_dti' names no DiT worker in namespace 'comfy_h3', and B already holds h3_dit: "), said
+    assert "'new:h3_dti' to start another worker on purpose" in said, said
+    names = [w["name"] for w in _status(server)["workers"] if w.get("machine", "B") == "B"]
+    assert names == ["h3_dit"], names
+    print(f"\n[h3 core_ui] two machines, B's root {models} (a models/ tree): {NATIVE_DIT} and {B_ONLY} ran "
+          f"by UNETLoader's names; the typo was refused: {msg}")
+
+
+def _loads(note: str) -> int:
+    found = re.findall(r"(\d+) load\(s\)", note)
+    assert len(found) == 1, note
+    return int(found[0])
+
+
+def _remote_note(messages, pid) -> str:
+    (note,) = [d["summary"]["status"] for d in _of(messages, "h3.timing", pid) if d["node"] == "4"]
+    return note
+
+
+def test_core_ui_two_machines_b_keeps_its_load_count_and_counts_its_workers(two_machines_comfyui):
+    """#37 items 9 and 5, read on H3RemoteModel's note and error in the two-machine layout: B's load count is its
+    worker's since it started, so a reconfigure (H3RemoteModel picking another file) adds to it, and ``remote_worker
+    setup`` run again on B re-uses the worker A reconfigured and keeps its count (it fell 5 -> 3 before); a second
+    worker asked for in so many words (``new:h3_dit_2``) whose model would not fit beside the one B holds is refused
+    before it loads, with the numbers, and B still holds only h3_dit."""
+    head, models, server, setup_again = two_machines_comfyui
+    pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, NATIVE_DIT, "core_ui_loads_a")))
+    _ok(messages, pid)
+    first = _remote_note(messages, pid)
+    pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, B_ONLY, "core_ui_loads_b")))
+    _ok(messages, pid)
+    switched = _remote_note(messages, pid)
+    assert "B reconfigured: model " in switched and "this reconfigure's among them" in switched, switched
+    assert _loads(switched) > _loads(first), (first, switched)
+    b = _b_health(server)
+    out = setup_again()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "reconfigured by A since it was set up" in out.stdout and "re-using it" in out.stdout, out.stdout
+    pid, messages, _ = asyncio.run(_run(server, _remote_prompt(head, B_ONLY, "core_ui_loads_c")))
+    _ok(messages, pid)
+    after = _remote_note(messages, pid)
+    assert _b_health(server)["pid"] == b["pid"] and _loads(after) >= _loads(switched), (switched, after)
+    # a second worker on purpose that would not fit beside h3_dit: refused before loading, with the numbers
+    api = _remote_prompt(head, NATIVE_DIT, "core_ui_second_worker")
+    api["4"]["inputs"]["actor_name"] = "new:h3_dit_2"
+    pid, messages, _ = asyncio.run(_run(server, api))
+    (err,) = _of(messages, "execution_error", pid)
+    said = err["exception_message"].strip()
+    assert err["node_id"] == "4" and "memory plan refused before loading anything: B plan (" in said, said
+    assert re.search(r"less worker h3_dit's [\d.]+ [KM]iB\)", said), said
+    assert said.endswith("options: set actor_name to h3_dit, which B holds"), said
+    names = [w["name"] for w in _status(server)["workers"] if w.get("machine", "B") == "B"]
+    assert names == ["h3_dit"], names
+    print(f"\n[h3 core_ui] loads {_loads(first)} -> {_loads(switched)} (reconfigured) -> {_loads(after)} (setup "
+          f"again); second worker: {said}")
 
 
 @pytest.mark.parametrize("workflow, dit, said", [
