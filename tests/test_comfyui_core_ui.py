@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import pathlib
 import re
 import shutil
-import socket
-import sys
-import tempfile
 import time
 
 import pytest
@@ -22,8 +18,8 @@ import pytest
 from comfy_h3_nodes.engine.model.tiny_comfy import fixture
 from test_comfyui_integration import (  # noqa: F401 - fixtures are found by name in this module
     CORE_LORAS, FRONTENDS, JS_ENTER_UNETLOADER, JS_TITLE_POINT, MISSING_MODELS_SETTING, MODES, NATIVE_DIT,
-    NATIVE_REF_DIT, QUEUE_LIKE_A_USER, TAB_BUTTON, VUE_SETTING, ComfyPage, _cli, _core_model_prompt, _http_json, _of, _ok, _queue_and_wait, _run,
-    _started_comfyui, _status, browser, comfyui, comfyui_frontends, pytestmark,
+    NATIVE_REF_DIT, QUEUE_LIKE_A_USER, TAB_BUTTON, VUE_SETTING, ComfyPage, _core_model_prompt, _http_json, _of, _ok, _queue_and_wait, _run,
+    _started_comfyui, _status, browser, comfyui, comfyui_frontends, pytestmark, two_machine_layout,
 )
 from browser_support import overlaps
 
@@ -48,44 +44,19 @@ def _b_models_tree(root: pathlib.Path, tiny_ckpt) -> pathlib.Path:
 
 @contextlib.contextmanager
 def _two_machines(tiny_ckpt, monkeypatch, again: list | None = None):
-    """A's head by ``cluster start-head`` (127.0.0.2) and B by ``remote_worker setup`` (127.0.0.3) with
-    ``--model-root`` a ComfyUI ``models/`` tree, as docs/two_spark_setup.md sets them up: yields
-    ``(head address, B's models root)``; stops both after. ``again``: gets a call that runs the same setup again."""
-    from comfy_h3_nodes.cluster import ray_node as rn
+    """The two-machine layout (:func:`two_machine_layout`) with B's ``--model-root`` a ComfyUI ``models/`` tree and
+    ``--transformer-file`` one of its files: yields ``(head address, B's models root)``. ``again``: gets a call that
+    runs the same setup again."""
+    def b_args(root):
+        models = _b_models_tree(root / "b" / "models", tiny_ckpt)
+        return ["--model-path", str(models / "diffusers" / "MiniMax-H3"), "--transformer-file",
+                str(models / "diffusion_models" / NATIVE_DIT), "--model-root", str(models)]
 
-    python = os.environ.get("COMFYUI_PYTHON") or sys.executable
-    root = pathlib.Path(tempfile.mkdtemp(prefix="h3m37_", dir="/tmp"))  # short: Ray's socket paths
-    ra, rb = str(root / "ra"), str(root / "rb")
-    models = _b_models_tree(root / "b" / "models", tiny_ckpt)
-    with socket.socket() as s:
-        s.bind(("127.0.0.2", 0))
-        port = s.getsockname()[1]
-    head, token = f"127.0.0.2:{port}", root / "token"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(H3_STATE_DIR=str(root / "state"), HF_HUB_OFFLINE="1", PYTHONPATH=str(pathlib.Path(__file__).parents[1]))
-    try:
-        out = _cli(python, ["comfy_h3_nodes", "cluster", "start-head", "--node-ip", "127.0.0.2", "--port", str(port),
-                            "--token-file", str(token), "--object-store-mb", "96", "--temp-dir", ra, "--num-cpus",
-                            "2", "--json"], env, 120)
-        assert out.returncode == 0, out.stdout + out.stderr
-        setup = ["remote_worker", "setup", "--allow-cpu", "--head", head, "--node-ip", "127.0.0.3", "--model-path",
-                 str(models / "diffusers" / "MiniMax-H3"), "--transformer-file", str(models / "diffusion_models" / NATIVE_DIT),
-                 "--model-root", str(models), "--token-file", str(token), "--object-store-mb", "96", "--temp-dir", rb,
-                 "--dtype", "float32", "--threads", "1", "--num-cpus", "2", "--json"]
-        out = _cli(python, setup, env, 240)
-        if again is not None:
-            again.append(lambda: _cli(python, setup, env, 240))
-        assert out.returncode == 0, out.stdout + out.stderr
+    with two_machine_layout(monkeypatch, "h3m37_", b_args, again) as (head, root, out):
+        models = root / "b" / "models"
         # setup names the file it loads the transformer from, not the folder (#37, item 9)
         assert f"loading transformer from {models / 'diffusion_models' / NATIVE_DIT}" in out.stdout, out.stdout
-        monkeypatch.setenv("RAY_AUTH_MODE", "token")  # what setup prints for A's ComfyUI
-        monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
         yield head, models
-    finally:
-        _cli(python, ["remote_worker", "stop", "--temp-dir", rb], env, 120)
-        rn.stop_node(rb, grace=3)
-        rn.stop_node(ra, grace=3)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _remote_prompt(head: str, unet_name: str, name: str, **kw) -> dict:

@@ -1603,21 +1603,22 @@ def _cli(python: str, args: list, env: dict, timeout: float) -> subprocess.Compl
                           stdin=subprocess.DEVNULL)
 
 
-def test_memory_b_survives_a_comfyui_restart_in_the_two_machine_layout(tmp_path_factory, tiny_ckpt, monkeypatch):
-    """A's head by ``cluster start-head`` (127.0.0.2), B by ``remote_worker setup`` (127.0.0.3), both in ComfyUI's
-    Python (same versions). ComfyUI runs, is stopped with SIGTERM and started again: B's worker is the same process,
-    it loads nothing, the first denoise step after the restart is within 2x the warm step, and the readout says B
-    was already resident."""
+@contextlib.contextmanager
+def two_machine_layout(monkeypatch, prefix: str, b_args, again: list | None = None):
+    """A's head by ``cluster start-head`` (127.0.0.2) and B by ``remote_worker setup`` (127.0.0.3), both in ComfyUI's
+    Python (same versions), on loopback as docs/two_spark_setup.md sets them up; A's ComfyUI gets the token as setup
+    says (``monkeypatch``). ``b_args(root)``: setup's model arguments (``--model-path`` ...), given the layout's
+    folder (short, under /tmp: Ray's socket paths). Yields ``(head address, root, setup's output)``; ``again`` gets a
+    call that runs the same setup again. Stops both nodes after."""
     from comfy_h3_nodes.cluster import ray_node as rn
 
     python = os.environ.get("COMFYUI_PYTHON") or sys.executable
-    root = pathlib.Path(tempfile.mkdtemp(prefix="h3m29_", dir="/tmp"))  # short: Ray's socket paths
+    root = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     ra, rb = str(root / "ra"), str(root / "rb")
     with socket.socket() as s:
         s.bind(("127.0.0.2", 0))
         port = s.getsockname()[1]
-    head = f"127.0.0.2:{port}"
-    token = root / "token"
+    head, token = f"127.0.0.2:{port}", root / "token"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(H3_STATE_DIR=str(root / "state"), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
     try:
@@ -1625,13 +1626,30 @@ def test_memory_b_survives_a_comfyui_restart_in_the_two_machine_layout(tmp_path_
                             "--token-file", str(token), "--object-store-mb", "96", "--temp-dir", ra, "--num-cpus",
                             "2", "--json"], env, 120)
         assert out.returncode == 0, out.stdout + out.stderr
-        out = _cli(python, ["remote_worker", "setup", "--allow-cpu", "--head", head, "--node-ip", "127.0.0.3",
-                            "--model-path", str(tiny_ckpt), "--model-root", str(tiny_ckpt.parent), "--token-file",
-                            str(token), "--object-store-mb", "96", "--temp-dir", rb, "--dtype", "float32",
-                            "--threads", "1", "--num-cpus", "2", "--json"], env, 240)
+        setup = ["remote_worker", "setup", "--allow-cpu", "--head", head, "--node-ip", "127.0.0.3", *b_args(root),
+                 "--token-file", str(token), "--object-store-mb", "96", "--temp-dir", rb, "--dtype", "float32",
+                 "--threads", "1", "--num-cpus", "2", "--json"]
+        out = _cli(python, setup, env, 240)
         assert out.returncode == 0, out.stdout + out.stderr
+        if again is not None:
+            again.append(lambda: _cli(python, setup, env, 240))
         monkeypatch.setenv("RAY_AUTH_MODE", "token")  # what setup prints for A's ComfyUI
         monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+        yield head, root, out
+    finally:
+        _cli(python, ["remote_worker", "stop", "--temp-dir", rb], env, 120)
+        rn.stop_node(rb, grace=3)
+        rn.stop_node(ra, grace=3)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_memory_b_survives_a_comfyui_restart_in_the_two_machine_layout(tmp_path_factory, tiny_ckpt, monkeypatch):
+    """A's head by ``cluster start-head`` (127.0.0.2), B by ``remote_worker setup`` (127.0.0.3), both in ComfyUI's
+    Python (same versions). ComfyUI runs, is stopped with SIGTERM and started again: B's worker is the same process,
+    it loads nothing, the first denoise step after the restart is within 2x the warm step, and the readout says B
+    was already resident."""
+    b_args = lambda root: ["--model-path", str(tiny_ckpt), "--model-root", str(tiny_ckpt.parent)]  # noqa: E731
+    with two_machine_layout(monkeypatch, "h3m29_", b_args) as (head, _, _):
         # 256x256: a step of about 0.1 s, so that the first step's figure is the DiT's work (at 64x64 a step is
         # 8 ms and a new ComfyUI's first call to B, tens of ms, was measured instead)
         api, ui = _prompt(tiny_ckpt, steps=4, width=256, height=256, seed=3)
@@ -1670,11 +1688,6 @@ def test_memory_b_survives_a_comfyui_restart_in_the_two_machine_layout(tmp_path_
         print(f"\n[h3 memory] restart: first step {runs[0]:.3f} s (first run), warm {warm:.3f} s, after the restart "
               f"{after:.3f} s ({after / warm:.2f} x warm); the run after the restart {first_run_s:.1f} s; B loads "
               f"{b1['loads']} -> {b2['loads']}, pid {b1['pid']} kept")
-    finally:
-        _cli(python, ["remote_worker", "stop", "--temp-dir", rb], env, 120)
-        rn.stop_node(rb, grace=3)
-        rn.stop_node(ra, grace=3)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_memory_free_releases_a_dit_rank_of_parallel_and_the_next_group_reloads_it(comfyui):
