@@ -249,8 +249,8 @@ BATCH_PROMPTS = (
 
 def note(model: str, lora: bool = False) -> tuple:
     """The template's first-run note: which fields to set, and the tiny random model that needs no weights. What to
-    do first is its heading: a note's text is 10 canvas px, 6.2-6.4 px on screen at the 0.62-0.64 the Templates
-    dialog opens a template with, and a heading is 20 (15.7 with Vue nodes): 12.4-12.8 px (9.7-10.1). Names and values are bold, not code: the Vue nodes of frontend 1.49 draw
+    do first is its heading: a note's text is 10 canvas px, 6.1-6.4 px on screen at the 0.61-0.64 the Templates
+    dialog opens a template with, and a heading is 20 (15.7 with Vue nodes): 12.3-12.8 px (9.6-10.1). Names and values are bold, not code: the Vue nodes of frontend 1.49 draw
     inline code blue on the note's blue."""
     tiny = "tiny-random-fasth3" if model == FASTH3_MODEL_PATH else "tiny-random"
     fields = "**H3LoadEncoders** and **H3RemoteDiT**" + (" (and **lora_path** on **H3LoRA**)" if lora else "")
@@ -374,7 +374,7 @@ def main() -> None:
             (8, "LoadImage", ["h3_first.png", "image"], {}),
             (9, "LoadImage", ["h3_last.png", "image"], {}),
             (4, "H3Keyframes", [], {"first_image": (8, 0), "last_image": (9, 0)}),
-        ], [[8, 9], [NOTE_ID, 1, 4], [3, 6, 7], [2, 5]]),
+        ], [[8, 9], [NOTE_ID, 3, 6], [2, 5], [1, 4, 7]]),  # the save in a shorter column: room for its video
         "h3_t2va_batch": (common("transformer", 832, 480, {"prompt": (12, 0)}, denoise_conns={"seed": (12, 1)}) + [
             (12, "H3PromptList", ["\n".join(BATCH_PROMPTS), 42, "fixed", "increment"], {}),
         ], [[NOTE_ID, 2], [1, 12], [3, 5], [6, 7]]),
@@ -382,7 +382,7 @@ def main() -> None:
             (8, "LoadImage", ["h3_reference.png", "image"], {}),
             (10, "LoadAudio", ["h3_voice_32k.wav"], {}),
             (4, "H3References", [], {"images": (8, 0), "audio": (10, 0)}),
-        ], [[8, 10, 4], [NOTE_ID, 1], [3, 6, 7], [2, 5]]),
+        ], [[NOTE_ID, 8, 10], [4, 3, 6], [1, 5], [2, 7]]),  # the denoise and the save in short columns: room to grow
     }
     for name, (nodes, columns) in flows.items():
         model = next(n[2][0] for n in nodes if n[1] == "H3LoadEncoders")
