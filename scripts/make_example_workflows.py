@@ -250,7 +250,7 @@ BATCH_PROMPTS = (
 def note(model: str, lora: bool = False) -> tuple:
     """The template's first-run note: which fields to set, and the tiny random model that needs no weights. What to
     do first is its heading: a note's text is 10 canvas px, 6.1-6.4 px on screen at the 0.61-0.64 the Templates
-    dialog opens a template with, and a heading is 20 (15.7 with Vue nodes): 12.3-12.8 px (9.6-10.1). Names and values are bold, not code: the Vue nodes of frontend 1.49 draw
+    dialog opens a template with, and a heading is 20 (15.7 with Vue nodes): 12.3-12.8 px (9.7-10.1). Names and values are bold, not code: the Vue nodes of frontend 1.49 draw
     inline code blue on the note's blue."""
     tiny = "tiny-random-fasth3" if model == FASTH3_MODEL_PATH else "tiny-random"
     fields = "**H3LoadEncoders** and **H3RemoteDiT**" + (" (and **lora_path** on **H3LoRA**)" if lora else "")
