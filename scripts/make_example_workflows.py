@@ -5,12 +5,16 @@ step with the nodes: run `python scripts/make_example_workflows.py` after changi
 
 The layout comes from the boxes the real frontend draws each node type in (scripts/node_sizes.json, written by
 tests/web/measure_node_sizes.py in frontends 1.49.6 and 1.58.1, classic canvas and Vue nodes; re-measure after
-changing a node's widgets or its readout's room): two rows, what A prepares on top (encoders, inputs, the encode),
-machine B and the outputs below (DiT, denoise, decode, save) and a note saying what to set before the first run
-(top right, or under the decode when the top row is full), so the nodes that grow after a run (the denoise's
-preview, the saved video) have nothing under them. Each node is saved at its measured size, and the saved view opens
-every template at a zoom of at least 0.6 with all nodes inside a laptop's first screen, clear of the frontend's
-sidebar, menus and minimap (tests/test_example_workflows_view.py and tests/test_web_frontend.py check it).
+changing a node's widgets or its readout's room): at most four columns of nodes stacked top to bottom, in the order
+the work flows where the room allows, with a note saying what to set before the first run at the top of a left
+column (the frontend's "errors found" card covers the top right, its minimap the bottom right), and the nodes that
+grow after a run (the denoise's and the sampler's preview, the saved video) at the foot of their column, nothing
+under them. Each node is saved at its measured size. Opened from the Templates dialog, both frontends ignore the
+saved view and fit the nodes to 3/4 of the window (:func:`dialog_view`): the columns are short enough that this
+fit is a zoom of at least 0.6 in a 1280 x 720 window (LiteGraph's titles and widgets drawn; tests named core_ui in
+tests/test_comfyui_core_ui_templates.py read it on the page). Opened as a file, the saved view opens every template
+at a zoom of at least 0.6 with all nodes inside a laptop's first screen, clear of the frontend's sidebar, menus and
+minimap (tests/test_example_workflows_view.py and tests/test_web_frontend.py check it).
 """
 
 from __future__ import annotations
@@ -41,13 +45,19 @@ CORE = json.loads((ROOT / "scripts" / "core_nodes.json").read_text())
 VIEW_W, VIEW_H = 1280, 720
 FREE_LEFT, FREE_TOP, MINIMAP = 60, 80, (1020, 460)
 VIEW_MARGIN = 16  # free screen pixels kept between the nodes and whatever the frontend draws
-MIN_ZOOM = 0.6  # LiteGraph draws nodes as empty boxes below this
+MIN_ZOOM = 0.6  # LiteGraph draws nodes as empty boxes below 8 / 14 = 0.57 (its MinFontSizeForLOD over its text size)
 TITLE_H = 30  # the title bar LiteGraph draws above a node's ``pos``
-COL_W, GAP_X, GAP_Y = SIZES["width"], 40, 50
+COL_W, GAP_X, GAP_Y = SIZES["width"], 40, 30
+#: The Templates dialog's fit (both frontends: LiteGraph's ``fitToBounds`` of the nodes' boxes padded by FIT_PAD, at
+#: FIT_ZOOM of the canvas) and the "errors found" card (``data-testid=error-overlay``) the frontends show at the top
+#: right when a loader's file is missing, as every h3_core_* template's are on a new machine, in screen pixels:
+#: measured at 1280 x 720, 1.49.6 (908, 94)-(1276, 215), 1.58.1 (854, 90)-(1272, 211).
+FIT_ZOOM, FIT_PAD = 0.75, 10
+ERRORS_CARD = (846, 82, 1280, 219)
 #: where the FastH3 template expects FastVideo's FastH3 checkpoint (a diffusers folder with VSA gates)
 FASTH3_MODEL_PATH = "/models/FastH3"
-#: The note each template opens with, at the end of its top row (or of the bottom row when the top one is full): what
-#: to set before the first run, on the canvas rather than behind an error's details.
+#: The note each template opens with, at the top of a left column (clear of the errors card): what to set before the
+#: first run, on the canvas rather than behind an error's details.
 NOTE_TYPE, NOTE_TITLE, NOTE_SIZE = "MarkdownNote", "Before the first run", [340.0, 200.0]
 PROMPT = ("A red fox trots across a snowy meadow at dawn, breath steaming; soft wind, crunching snow and a distant "
           "crow call.")
@@ -89,34 +99,45 @@ def size_of(typ: str) -> list[float]:
     return [w, h]
 
 
-def layout(nodes: list[tuple], rows: list[list], under: dict[int, int] | None = None) -> dict[int, list[float]]:
-    """Positions (``pos``, below the title bar) of node ids placed in rows of columns ``COL_W + GAP_X`` apart; a
-    column is one node id or a list of ids placed one below the other, ``GAP_Y`` apart; each row starts ``GAP_Y``
-    below the tallest column of the row above. ``under`` places a node ``GAP_Y`` below another one of the rows (a
-    node id: the id it goes under)."""
+def layout(nodes: list[tuple], columns: list[list[int]]) -> dict[int, list[float]]:
+    """Positions (``pos``, below the title bar) of node ids placed in columns ``COL_W + GAP_X`` apart, each column's
+    nodes one below the other, ``GAP_Y`` apart, from the top."""
     types = {n[0]: n[1] for n in nodes}
-    under = under or {}
-    placed = [i for row in rows for col in row for i in _stack(col)] + list(under)
+    placed = [i for col in columns for i in col]
     assert sorted(placed) == sorted(types), (sorted(placed), sorted(types))
-    pos, top = {}, 0.0
-    for row in rows:
-        bottom = top
-        for col, stack in enumerate(_stack(c) for c in row):
-            y = top
-            for nid in stack:
-                pos[nid] = [col * (COL_W + GAP_X), y + TITLE_H]
-                y += size_of(types[nid])[1] + TITLE_H + GAP_Y
-            bottom = max(bottom, y)
-        top = bottom
-    for nid, above in under.items():
-        x, y = pos[above]
-        pos[nid] = [x, y + size_of(types[above])[1] + GAP_Y + TITLE_H]
+    assert len(columns) <= 4, "more than four columns do not fit the Templates dialog's fit at zoom 0.6"
+    pos = {}
+    for c, col in enumerate(columns):
+        y = 0.0
+        for nid in col:
+            pos[nid] = [c * (COL_W + GAP_X), y + TITLE_H]
+            y += size_of(types[nid])[1] + TITLE_H + GAP_Y
     return pos
 
 
-def _stack(column) -> list[int]:
-    """A layout column's node ids, top to bottom (one id, or a list of them)."""
-    return [column] if isinstance(column, int) else list(column)
+def dialog_view(nodes: list[dict]) -> dict:
+    """The view a template opens with from the Templates dialog: both frontends ignore ``extra.ds`` there and fit
+    the nodes' boxes (padded by ``FIT_PAD``) to ``FIT_ZOOM`` of the canvas, centred (LiteGraph's ``fitToBounds``):
+    ``{"scale", "offset"}`` as in ``extra.ds``."""
+    boxes = [node_box(n) for n in nodes]
+    x0, y0 = min(b[0] for b in boxes) - FIT_PAD, min(b[1] for b in boxes) - FIT_PAD
+    w, h = max(b[2] for b in boxes) + FIT_PAD - x0, max(b[3] for b in boxes) + FIT_PAD - y0
+    scale = min(FIT_ZOOM * VIEW_W / max(w, 300), FIT_ZOOM * VIEW_H / max(h, 300))
+    return {"scale": scale, "offset": [VIEW_W / 2 / scale - x0 - w / 2, VIEW_H / 2 / scale - y0 - h / 2]}
+
+
+def check_dialog_view(name: str, nodes: list[dict]) -> None:
+    """Refuses a layout the Templates dialog would open below ``MIN_ZOOM`` or with its note under the errors card."""
+    ds = dialog_view(nodes)
+    scale, (ox, oy) = ds["scale"], ds["offset"]
+    if scale < MIN_ZOOM:
+        raise SystemExit(f"{name}: the Templates dialog opens it at zoom {scale:.3f} (< {MIN_ZOOM}): shorten its columns")
+    for n in nodes:
+        if n["type"] == NOTE_TYPE:
+            x0, y0, x1, y1 = ((v + o) * scale for v, o in zip(node_box(n), (ox, oy, ox, oy)))
+            cx0, cy0, cx1, cy1 = ERRORS_CARD
+            if x1 > cx0 and x0 < cx1 and y1 > cy0 and y0 < cy1:
+                raise SystemExit(f"{name}: the note lies under the errors card at zoom {scale:.3f}: move it left")
 
 
 def slots(typ: str, core: bool = False) -> tuple[list[dict], list[dict]]:
@@ -145,13 +166,12 @@ def input_entry(spec: dict, name: str) -> dict:
     return entry
 
 
-def build(name: str, nodes: list[tuple], rows: list[list], under: dict[int, int] | None = None,
-          core_graph: bool = False) -> dict:
-    """nodes: (id, type, widget values, {input: (src id, src slot)}); rows: the node ids of each row, left to right
-    (a list of ids: a column of nodes one below the other); under: node ids placed below another (see ``layout``).
+def build(name: str, nodes: list[tuple], columns: list[list[int]], core_graph: bool = False) -> dict:
+    """nodes: (id, type, widget values, {input: (src id, src slot)}); columns: the node ids of each column, left to
+    right, each top to bottom (see ``layout``).
     The pack's nodes save every input slot (its widgets' too); in a ``core_graph`` ComfyUI's own nodes come from the
     snapshot of its nodes and save their link inputs and those that are linked, as ComfyUI's own templates do."""
-    where = layout(nodes, rows, under)
+    where = layout(nodes, columns)
     types = {n[0]: n[1] for n in nodes}
     links, link_id = [], 0
     out_links: dict[tuple, list] = {}
@@ -198,6 +218,7 @@ def build(name: str, nodes: list[tuple], rows: list[list], under: dict[int, int]
                            "links": out_links.get((obj["id"], i), [])} for i, o in enumerate(outputs)]
     for order, obj in enumerate(sorted(node_objs, key=lambda o: (o["pos"][1], o["pos"][0]))):
         obj["order"] = order
+    check_dialog_view(name, node_objs)
     return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfy-h3/{name}")), "revision": 0,
             "last_node_id": max(n[0] for n in nodes), "last_link_id": link_id, "nodes": node_objs, "links": links,
             "groups": [], "config": {}, "extra": {"ds": saved_view(node_objs)}, "version": 0.4}
@@ -218,11 +239,6 @@ def common(partition: str, width: int, height: int, extra_conns: dict, dit=(2, 0
     ]
 
 
-#: Below: machine B and the outputs, the same in every template (DiT, denoise, decode, save: the denoise's preview
-#: and the saved video grow these nodes after a run, and nothing is under them).
-B_ROW = [2, 5, 6, 7]
-
-
 BATCH_PROMPTS = (
     "A red fox trots across a snowy meadow at dawn, breath steaming; soft wind and crunching snow.",
     "A lighthouse on a rocky cape at dusk, waves crashing below; gulls cry over the surf.",
@@ -233,8 +249,8 @@ BATCH_PROMPTS = (
 
 def note(model: str, lora: bool = False) -> tuple:
     """The template's first-run note: which fields to set, and the tiny random model that needs no weights. What to
-    do first is its heading: a note's text is 10 canvas px, 6.3 px on screen at the 0.62 a template opens with, and a
-    heading is 20 (15.7 with Vue nodes). Names and values are bold, not code: the Vue nodes of frontend 1.49 draw
+    do first is its heading: a note's text is 10 canvas px, 6.1-6.4 px on screen at the 0.61-0.64 the Templates
+    dialog opens a template with, and a heading is 20 (15.7 with Vue nodes): 12.3-12.8 px (9.7-10.1). Names and values are bold, not code: the Vue nodes of frontend 1.49 draw
     inline code blue on the note's blue."""
     tiny = "tiny-random-fasth3" if model == FASTH3_MODEL_PATH else "tiny-random"
     fields = "**H3LoadEncoders** and **H3RemoteDiT**" + (" (and **lora_path** on **H3LoRA**)" if lora else "")
@@ -248,17 +264,6 @@ def note(model: str, lora: bool = False) -> tuple:
 
 
 NOTE_ID = 20
-
-
-def with_note(top: list[int]) -> tuple[list[list[int]], dict[int, int]]:
-    """The rows of a template with its note: at the end of the top row when that row has room, else under H3Decode
-    (the B row's short node that does not grow: the denoise and the save grow after a run)."""
-    if len(top) < len(B_ROW):
-        return [top + [NOTE_ID], B_ROW], {}
-    return [top, B_ROW], {NOTE_ID: DECODE_ID}
-
-
-DECODE_ID = 6
 
 
 #: Comfy-Org's file names, as ComfyUI's own video_minimax_h3_* templates load them (the DiT's on machine B)
@@ -275,12 +280,11 @@ CORE_SAMPLER, CORE_SCHEDULER, CORE_STEPS = "res_multistep", "simple", 20
 CORE_NOTE_ID = 20
 
 
-def core_graph(workflow: str) -> tuple[list[tuple], list[list]]:
+def core_graph(workflow: str) -> tuple[list[tuple], list[list[int]]]:
     """ComfyUI's own H3 graph (the nodes of its video_minimax_h3_* templates, flat: no subgraph), its UNETLoader
-    swapped for H3RemoteModel, and the rows: the loaders and the encode on top (the remote model first, above the
-    schedule and the guider it feeds; A's text encoder and VAEs, the input image, the encode), the sampling and the
-    outputs below (schedule, sampler and noise; the guider and the sampler, whose preview grows; the decodes; the
-    video and its save, which grows)."""
+    swapped for H3RemoteModel, and the columns: the note above A's loaders (text encoder, VAEs) and the sampler's
+    choice; the input image, the encode (and the noise where there is room); the remote model above the schedule and
+    the guider it feeds and the sampler, whose preview grows; the decodes, the video and its save, which grows."""
     ref = workflow == "r2va"
     encode = "MiniMaxH3ReferenceToVideo" if ref else "MiniMaxH3ImageToVideo"
     conns = {"clip": (1, 0), "vae": (2, 0)}
@@ -309,11 +313,14 @@ def core_graph(workflow: str) -> tuple[list[tuple], list[list]]:
         (15, "SaveVideo", [f"video/h3_core_{workflow}", "auto", "auto"], {"video": (14, 0)}),
         core_note(workflow),
     ]
-    top = [4, [1, 2, 3], 5, CORE_NOTE_ID]
+    columns = [[CORE_NOTE_ID, 1, 2, 3, 7], [5, 6], [4, 9, 10, 11], [12, 13, 14, 15]]
     if workflow != "t2va":
         nodes.append((8, "LoadImage", ["h3_reference.png" if ref else "h3_first.png", "image"], {}))
-        top.insert(2, 8)
-    return nodes, [top, [[9, 7, 6], [10, 11], [12, 13], [14, 15]]]
+        columns[1].insert(0, 8)
+    if ref:  # the reference encode is taller: the noise goes above the decodes
+        columns[1].remove(6)
+        columns[3].insert(0, 6)
+    return nodes, columns
 
 
 def core_note(workflow: str) -> tuple:
@@ -352,31 +359,35 @@ def write_media() -> None:
 
 def main() -> None:
     write_media()
-    flows = {  # name: (nodes, the top row: what A prepares, inputs left of what reads them)
-        "h3_t2va": (common("transformer", 832, 480, {}), [1, 3]),
+    # name: (nodes, columns): the note (NOTE_ID) above the DiT, the encoders above the encode, the denoise, the decode
+    # above the save; with inputs (fl2va, ref2va) the inputs first, the note above the encoders, the encode above
+    # the decode and the save, B's DiT above its denoise
+    t2va = [[NOTE_ID, 2], [1, 3], [5], [6, 7]]
+    flows = {
+        "h3_t2va": (common("transformer", 832, 480, {}), t2va),
         # FastH3 v1: 5 sigma points (4 forwards), the schedule its checkpoint was trained for; B runs VSA-H3
-        "h3_fasth3_t2va": (common("transformer", 832, 480, {}, steps=5, model=FASTH3_MODEL_PATH), [1, 3]),
+        "h3_fasth3_t2va": (common("transformer", 832, 480, {}, steps=5, model=FASTH3_MODEL_PATH), t2va),
         "h3_t2va_turbo": (common("transformer", 832, 480, {}, dit=(11, 0), steps=4) + [
             (11, "H3LoRA", [DEFAULT_LORA_PATH, 1.0], {"dit": (2, 0)}),
-        ], [1, 3, 11]),
+        ], [[NOTE_ID, 2], [1, 3], [11, 5], [6, 7]]),
         "h3_fl2va": (common("transformer", 832, 480, {"keyframes": (4, 0)}) + [
             (8, "LoadImage", ["h3_first.png", "image"], {}),
             (9, "LoadImage", ["h3_last.png", "image"], {}),
             (4, "H3Keyframes", [], {"first_image": (8, 0), "last_image": (9, 0)}),
-        ], [1, 8, 9, 4, 3]),
+        ], [[8, 9], [NOTE_ID, 3, 6], [2, 5], [1, 4, 7]]),  # the save in a shorter column: room for its video
         "h3_t2va_batch": (common("transformer", 832, 480, {"prompt": (12, 0)}, denoise_conns={"seed": (12, 1)}) + [
             (12, "H3PromptList", ["\n".join(BATCH_PROMPTS), 42, "fixed", "increment"], {}),
-        ], [1, 12, 3]),
+        ], [[NOTE_ID, 2], [1, 12], [3, 5], [6, 7]]),
         "h3_ref2va": (common("transformer_ref", 832, 480, {"references": (4, 0)}) + [
             (8, "LoadImage", ["h3_reference.png", "image"], {}),
             (10, "LoadAudio", ["h3_voice_32k.wav"], {}),
             (4, "H3References", [], {"images": (8, 0), "audio": (10, 0)}),
-        ], [1, 8, 10, 4, 3]),
+        ], [[NOTE_ID, 8, 10], [4, 3, 6], [1, 5], [2, 7]]),  # the denoise and the save in short columns: room to grow
     }
-    for name, (nodes, top) in flows.items():
+    for name, (nodes, columns) in flows.items():
         model = next(n[2][0] for n in nodes if n[1] == "H3LoadEncoders")
         nodes = nodes + [note(model, lora=any(n[1] == "H3LoRA" for n in nodes))]
-        (OUT / f"{name}.json").write_text(json.dumps(build(name, nodes, *with_note(top)), indent=1) + "\n")
+        (OUT / f"{name}.json").write_text(json.dumps(build(name, nodes, columns), indent=1) + "\n")
         print("wrote", OUT / f"{name}.json")
     for workflow in ("t2va", "i2va", "r2va"):  # ComfyUI's own nodes, the DiT on B: H3RemoteModel for UNETLoader
         name = f"h3_core_{workflow}"
