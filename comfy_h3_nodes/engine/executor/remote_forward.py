@@ -146,6 +146,10 @@ class RemoteSampling:
             err = remote_error("B", f"forward {index + 1} of ComfyUI's sampler", self.sampling_id, errors[0][1])
             if isinstance(err, H3Cancelled):
                 raise err from None
+            probes = self._probes()  # a host lost: the head counts its node alive for up to 150 s; its node is asked
+            if probes and probes[0].refused():
+                probes[0].stage = f"forward {index + 1} of ComfyUI's sampler"
+                raise probes[0].lost_error(self.sampling_id) from None
             said = str(err).removesuffix(": run the request again.").rstrip(".")  # said once, below
             raise H3Error(f"{said}. The sampler on A stopped at forward {index + 1}; queue the prompt again: the "
                           "next sampling picks a DiT worker that answers.") from None
