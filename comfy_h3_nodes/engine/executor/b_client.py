@@ -260,6 +260,10 @@ class BClient:
         settle = NODE_SETTLE_S if isinstance(exc, ray.exceptions.ActorUnavailableError) else 0.0
         if await self.node_gone(settle, w.status.get("node_id")):
             err = node_lost_error("B", w.node_ip, "denoise", rid)
+        else:  # the head counts a lost host alive for up to 150 s (its partition tolerance): B's node is asked
+            lp = LinkProbe(w.status.get("node_id"), w.node_ip)
+            if await asyncio.to_thread(lp.refused):
+                err = lp.lost_error(rid)
         names = ", ".join(x[0].name for x in lost)
         return type(err)(f"{str(err).rstrip('.')} (DiT worker {names}; {why}, so it was not re-run).")
 

@@ -223,6 +223,9 @@ class H3Executor:
         ``parallel`` on the DiT group of A's rank and B's worker(s) (formed once, kept for the next samplings)."""
         sampling = RemoteSampling(self.b, self.bclient.primary_name or self.bclient.config.name,
                                   clock_offset_s=self.clock_offset_s, forward_timeout=self.timeouts.stall, poll=self.timeouts.poll)
+        w = self.pool.workers.get(sampling.worker)
+        if w is not None:  # B's node, probed when a forward goes unanswered (a cut link, a lost host)
+            sampling.node_id, sampling.node_ip = w.status.get("node_id"), w.node_ip
         groups, mode = self.bclient.groups, self.bclient.parallel
         if mode == "off" or groups is None:
             return sampling

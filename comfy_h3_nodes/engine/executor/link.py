@@ -73,7 +73,15 @@ class LinkProbe:
                 f"was stopped; B keeps its model through up to {partition_tolerance_s()} s without a link: reconnect "
                 "it and run the request again.")
         if state == "refused":
-            raise H3Error(
-                f"machine B ({self.node_ip}) was lost during {self.stage} of request {rid}: its Ray node refuses "
-                "connections (its processes are gone: the host restarted or Ray was stopped); start B again "
-                "(`python -m remote_worker setup ...` on B, or its service) and run the request again.")
+            raise self.lost_error(rid)
+
+    def lost_error(self, rid: str) -> H3Error:
+        return H3Error(
+            f"machine B ({self.node_ip}) was lost during {self.stage} of request {rid}: its Ray node refuses "
+            "connections (its processes are gone: the host restarted or Ray was stopped); start B again "
+            "(`python -m remote_worker setup ...` on B, or its service) and run the request again.")
+
+    def refused(self) -> bool:
+        """B's node refuses connections (its processes are gone), as the head cannot tell for up to 150 s."""
+        self.address = self.address or node_address(self.node_id, self.node_ip)
+        return self.address is not None and probe(self.address) == "refused"

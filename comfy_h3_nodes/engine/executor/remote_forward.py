@@ -8,7 +8,11 @@ it once and keeps it by id; per forward only the target rows cross A->B, and the
 Every wait is bounded: a forward waits at most ``forward_timeout`` seconds, in slices of ``poll`` seconds, between
 which the caller's ``interrupted`` is asked (ComfyUI's Cancel): then B is told to stop (it stops before its next
 transformer block) and :class:`~..contract.errors.H3Cancelled` is raised. A worker lost mid-sampling raises
-:class:`~..contract.errors.H3Error` at once with the forward named; the next sampling picks a worker again.
+:class:`~..contract.errors.H3Error` at once with the forward named; the next sampling picks a worker again. A forward
+B has not answered for ``link.LINK_SILENT_S`` has B's node probed (:class:`~.link.LinkProbe`: a TCP connect to its
+raylet): a link that carries nothing (a QSFP cable pulled) or a host whose processes are gone ends the sampling in
+one sentence within seconds, B told to stop that forward when its link is back (never waited for), so a sampler
+never waits out the stall bound on a cut link while B keeps its model through the head's partition tolerance.
 
 With a DiT group (``parallel`` A+B or all: ``group``, A's rank first) every forward goes to every rank with its place
 in the group (:class:`~..contract.wire.ParallelCall`); they run it together under context parallelism, and rank 0's
@@ -39,6 +43,7 @@ from ..contract import wire
 from ..contract.forward_payloads import ForwardCall, ForwardContext
 from ..contract.errors import H3Cancelled, H3Error, H3Timeout
 from .failures import first_line, remote_error
+from .link import LinkProbe
 
 log = logging.getLogger("comfy_h3.remote_forward")
 _ids = itertools.count()
@@ -83,6 +88,9 @@ class RemoteSampling:
     machine: str = "B"  # where ``handle`` runs (A: A's DiT rank, left alone by a lost B)
     ran_on: dict | None = None  # the group the sampling started on (its method and ranks), for the readout
     b_note: str = ""  # what the check at the sampling's start found changed on B (restarted, released)
+    #: B's node as the pool saw it (``node_id``, ``node_ip``): probed when a forward gets no answer for a while
+    node_id: str | None = None
+    node_ip: str = ""
 
     def context_ref(self, key: tuple, make: Callable[[], ForwardContext], keep=None):
         """The object reference of the context ``key`` names (``make`` builds it the first time): put once per
@@ -107,16 +115,19 @@ class RemoteSampling:
         sent = time.time()
         refs = [ctx_ref] if self.lora_ref is None else [ctx_ref, self.lora_ref]
         pending = [h.forward.options(num_returns=2).remote(refs, c) for h, c, _, _ in targets]
-        infos = [info_ref for _, info_ref in pending]
+        # the outputs too: one B holds until A fetches it (a cable pulled between B's end and A's fetch is waited
+        # for here, in slices, with the link probed; never in an unsliced get)
+        refs_all = [r for pair in pending for r in pair]
         deadline = time.monotonic() + self.forward_timeout
         while True:  # every rank ends: a lost rank breaks its peers' next collective within the group's timeout
-            ready, _ = ray.wait(infos, num_returns=len(infos), timeout=self.poll, fetch_local=True)
-            if len(ready) == len(infos):
+            ready, _ = ray.wait(refs_all, num_returns=len(refs_all), timeout=self.poll, fetch_local=True)
+            if len(ready) == len(refs_all):
                 break
             if interrupted():
                 self.cancel()
                 raise H3Cancelled(f"sampling {self.sampling_id} was interrupted at forward {index + 1}; B stopped "
                                   "it between two transformer blocks.")
+            self._probe_link(index, sent)
             if time.monotonic() > deadline:
                 self.cancel()
                 raise H3Timeout(f"B's worker {self.worker} took over {self.forward_timeout:.0f} s for forward "
@@ -135,6 +146,10 @@ class RemoteSampling:
             err = remote_error("B", f"forward {index + 1} of ComfyUI's sampler", self.sampling_id, errors[0][1])
             if isinstance(err, H3Cancelled):
                 raise err from None
+            probes = self._probes()  # a host lost: the head counts its node alive for up to 150 s; its node is asked
+            if probes and probes[0].refused():
+                probes[0].stage = f"forward {index + 1} of ComfyUI's sampler"
+                raise probes[0].lost_error(self.sampling_id) from None
             said = str(err).removesuffix(": run the request again.").rstrip(".")  # said once, below
             raise H3Error(f"{said}. The sampler on A stopped at forward {index + 1}; queue the prompt again: the "
                           "next sampling picks a DiT worker that answers.") from None
@@ -157,6 +172,41 @@ class RemoteSampling:
             round(max(got - ended, 0.0), 6), call.nbytes, result.nbytes, crossed.get("context_fetch_s", 0.0),
             tuple(round(a[1]["compute_s"], 6) for a in answers) if self.group is not None else ()))
         return result.video.to_torch(), result.audio.to_torch()
+
+    def _probes(self) -> list[LinkProbe]:
+        """One probe per B node this sampling's forwards go to (A's own rank needs none)."""
+        if self.group is None:
+            nodes = [(self.node_id, self.node_ip)] if self.machine == "B" and self.node_ip not in ("", "?") else []
+        else:
+            nodes = [(None, r.node_ip) for r in self.group.ranks if r.machine == "B" and r.node_ip]
+        key = tuple(nodes)
+        if getattr(self, "_probe_key", None) != key:
+            self._probe_key, self._probe_list = key, [LinkProbe(i, ip, "ComfyUI's sampler") for i, ip in nodes]
+        return self._probe_list
+
+    def _probe_link(self, index: int, sent: float) -> None:
+        """A forward unanswered for a while: B's node probed (every few seconds); a cut link or a lost host raises
+        the probe's one sentence, B told to stop (delivered when its link is back; nothing waits for it)."""
+        silent = time.time() - sent
+        for probe in self._probes():
+            if not probe.due(silent):
+                continue
+            probe.stage = f"forward {index + 1} of ComfyUI's sampler"
+            try:
+                probe.check(self.sampling_id, silent)
+            except H3Error:
+                handles = [r.handle for r in self.group.ranks] if self.group is not None else [self.handle]
+                for h in handles:
+                    try:
+                        h.cancel.remote(self.sampling_id)
+                    except Exception:  # noqa: BLE001 - a handle Ray no longer serves
+                        pass
+                if self.group is not None:  # a group with a silent rank is never used again
+                    lost = [r for r in self.group.ranks if r.node_ip == probe.node_ip]
+                    self.group = None
+                    if self.on_lost is not None:
+                        self.on_lost(lost)
+                raise
 
     def _targets(self, call: ForwardCall) -> list[tuple]:
         """``(handle, call, clock offset, machine)`` per rank: one worker's, or every rank of the group with its

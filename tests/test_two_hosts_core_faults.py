@@ -1,0 +1,261 @@
+"""More cables pulled between the two hosts, through the real ComfyUI in h3a (part of ``make test-two-hosts``).
+
+ComfyUI's own sampler driving B's forwards (``H3RemoteModel``) with B's QSFP link down for 30 s and 120 s mid-sampling
+(A probes B's node when a forward goes unanswered: ``remote_forward.RemoteSampling``), and with ``parallel`` A+B; a 2 s
+flap during each hand-off of the pack's template; host B lost (every process in ``h3b`` killed) and started again with
+the docs' command. Each test prints the time to the error and to the recovery; each outage is bounded in time.
+One ``pair`` (B's setup in h3b, ComfyUI in h3a) serves the module; the test that kills h3b is last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import pytest
+import test_comfyui_integration as ci
+from test_comfyui_integration import _core_model_prompt, _of, _ok, _run, _status
+from test_two_hosts_comfyui import HEAD, _api, pair  # noqa: F401 - the module's cluster and ComfyUI in h3a
+from test_two_hosts_faults import StatsWatch, _b
+from two_hosts_support import B_QSFP, B_QSFP_IF, hosts  # noqa: F401
+
+pytestmark = ci.pytestmark
+
+
+def _core(tiny_ckpt, name: str, steps: int = 3, canvas: tuple = (64, 64, 22), parallel: str = "off") -> dict:
+    """ComfyUI's own H3 graph with H3RemoteModel on A's head: the tiny Comfy-Org t2va file B loads by its path."""
+    from comfy_h3_nodes.engine.model.tiny_comfy import fixture
+
+    api = _core_model_prompt(True, name, steps=steps, canvas=canvas, parallel=parallel)
+    api["4"]["inputs"].update(unet_name=str(fixture(tiny_ckpt, "transformer:pruned_bf16")), cluster_address=HEAD)
+    return api
+
+
+def _one_sentence(text: str) -> bool:
+    return "\n" not in text.strip() and text.strip().count(". ") == 0 and "Traceback" not in text
+
+
+class Cut:
+    """B's QSFP cable pulled from a thread once (``pull``); ``plug`` puts it back (waiting for a pull under way)."""
+
+    def __init__(self, hosts, iface: str = B_QSFP_IF, host: str = "h3b"):
+        self.hosts, self.iface, self.host, self.at, self.pending = hosts, iface, host, None, False
+
+    def pull(self) -> None:
+        if self.pending:
+            return
+        self.pending = True
+
+        def go():
+            self.hosts.link(self.host, self.iface, "down")
+            self.at = time.monotonic()
+        threading.Thread(target=go, daemon=True).start()
+
+    def plug(self) -> float:
+        if self.pending:
+            while self.at is None:
+                time.sleep(0.1)
+            self.hosts.link(self.host, self.iface, "up")
+        return time.monotonic()
+
+
+def _sampler_error(messages, pid) -> str:
+    errors = _of(messages, "execution_error", pid)
+    assert errors and errors[0]["node_id"] == "10", [m["type"] for m in messages[-6:]]
+    return errors[0]["exception_message"].strip()
+
+
+def _cut_mid_sampling(server, hosts, tiny_ckpt, down_s: float, name: str, parallel: str = "off"):
+    """The core graph on a long sampling; the cable pulled once B has answered 2 forwards, kept out ``down_s`` s:
+    ``(prompt id, messages, seconds from the cut to the prompt's end, the cut, the time the link was back)``."""
+    cut = Cut(hosts)
+
+    async def hook(http, m):
+        if m["type"] == "progress" and m["data"].get("node") == "10" and m["data"].get("value", 0) >= 2:
+            cut.pull()
+
+    api = _core(tiny_ckpt, name, steps=200, canvas=(256, 256, 124), parallel=parallel)
+    try:
+        pid, messages, _ = asyncio.run(_run(server, api, on_message=hook, timeout=300))
+        ended = time.monotonic()
+        assert cut.at is not None, "the link was never pulled (no progress of the sampler seen)"
+        left = down_s - (time.monotonic() - cut.at)
+        if left > 0:
+            time.sleep(left)  # the outage lasts its whole time
+    finally:
+        t_up = cut.plug()
+    return pid, messages, ended - cut.at, cut, t_up
+
+
+@pytest.mark.parametrize("down_s", [30, 120])
+def test_two_hosts_core_model_qsfp_link_down_mid_sampling_and_b_keeps_its_model(pair, hosts, tiny_ckpt, down_s):
+    """ComfyUI's own sampler on H3RemoteModel, B's QSFP link down mid-sampling: the sampler node shows the link's one
+    sentence within 15 s (A's probe of B's node, never the stall bound), ComfyUI's /system_stats answers throughout,
+    and once the link is back the next prompt runs on the same B process with nothing loaded again."""
+    server = pair["server"]
+    pid, messages, _ = asyncio.run(_run(server, _core(tiny_ckpt, f"core_cut_warm_{down_s}"), timeout=240))
+    _ok(messages, pid)  # B serves the core file (a first use loads it): the figures below start from there
+    before = _b(server)
+    watch = StatsWatch(server)
+    try:
+        pid, messages, to_error, cut, t_up = _cut_mid_sampling(server, hosts, tiny_ckpt, down_s, f"core_cut_{down_s}")
+        text = _sampler_error(messages, pid)
+        print(f"\n[two hosts] core graph, QSFP link down {down_s} s mid-sampling: the sampler's error {to_error:.1f} s "
+              f"after the cut: {text}")
+        assert to_error <= 15, (to_error, text)
+        assert f"the link from A to machine B ({B_QSFP}) has carried nothing" in text, text
+        assert "of ComfyUI's sampler" in text and _one_sentence(text), text
+        pid, messages, _ = asyncio.run(_run(server, _core(tiny_ckpt, f"core_cut_after_{down_s}"), timeout=240))
+        recovered = time.monotonic() - t_up
+    finally:
+        watch.close()
+    _ok(messages, pid)
+    after = _b(server)
+    outage = watch.worst(cut.at, t_up)
+    print(f"[two hosts] core graph, link back after {down_s} s: the next prompt done {recovered:.1f} s later; B pid "
+          f"{before['pid']} -> {after['pid']}, loads {before['loads']} -> {after['loads']}; /system_stats slowest "
+          f"{outage:.2f} s while the link was down ({watch.worst():.2f} s over the test, {len(watch.times)} asks; "
+          "A's one core shared with the head, the machine with 3 other developers)")
+    assert after["pid"] == before["pid"] and after["loads"] == before["loads"], (before, after)
+    # the issue's 1 s, as tests/test_two_hosts_faults.py asserts it on A's shared core: ComfyUI never stops answering
+    assert outage <= 3.0, outage
+
+
+def test_two_hosts_core_model_parallel_a_plus_b_with_the_qsfp_link_down(pair, hosts, tiny_ckpt):
+    """``parallel`` A+B on H3RemoteModel, B's QSFP link pulled mid-sampling (20 s): the forwards finish on A's rank
+    or the sampler fails in one sentence within 15 s; with the link back the next parallel prompt runs, B the same
+    process."""
+    server = pair["server"]
+    pid, messages, _ = asyncio.run(_run(server, _core(tiny_ckpt, "core_par_warm", parallel="A+B"), timeout=300))
+    _ok(messages, pid)  # the group formed, A's rank loaded
+    before = _b(server)
+    pid, messages, to_end, cut, t_up = _cut_mid_sampling(server, hosts, tiny_ckpt, 20, "core_par_cut", parallel="A+B")
+    errors = _of(messages, "execution_error", pid)
+    if errors:
+        text = _sampler_error(messages, pid)
+        print(f"\n[two hosts] parallel A+B, QSFP link down mid-sampling: failed {to_end:.1f} s after the cut: {text}")
+        assert to_end <= 15 and _one_sentence(text) and B_QSFP in text, (to_end, text)
+    else:
+        (t,) = [t for t in _of(messages, "h3.timing", pid) if t["node_type"] == "sampler"]
+        rerun = t["stages"][0]["info"]["rerun"]
+        print(f"\n[two hosts] parallel A+B, QSFP link down mid-sampling: finished {to_end:.1f} s after the cut: {rerun}")
+        assert "lost at forward" in rerun and "on A" in rerun, rerun
+    pid, messages, _ = asyncio.run(_run(server, _core(tiny_ckpt, "core_par_after", parallel="A+B"), timeout=300))
+    recovered = time.monotonic() - t_up
+    _ok(messages, pid)
+    after = _b(server)
+    (t,) = [t for t in _of(messages, "h3.timing", pid) if t["node_type"] == "sampler"]
+    print(f"[two hosts] parallel A+B, link back: the next parallel prompt done {recovered:.1f} s later on "
+          f"{t['stages'][0]['info']['parallel']['ranks']}; B pid {before['pid']} -> {after['pid']}")
+    assert after["pid"] == before["pid"], (before, after)
+
+
+def test_two_hosts_flap_of_2_s_during_each_hand_off(pair, hosts, tiny_ckpt):
+    """The pack's template, B's QSFP link down for 2 s as the A->B hand-off starts (the denoise node begins) and again
+    as the B->A one does (the decode node begins): the request finishes, or fails in one sentence, within the
+    bounds of its waits; the next prompt runs."""
+    server = pair["server"]
+    flaps: list = []
+
+    def flap():
+        t0 = time.monotonic()
+        hosts.link("h3b", B_QSFP_IF, "down")
+        time.sleep(2.0)
+        hosts.link("h3b", B_QSFP_IF, "up")
+        flaps.append((t0, time.monotonic()))
+
+    threads = []
+
+    async def hook(http, m):
+        if m["type"] == "executing" and m["data"].get("node") in ("5", "6") and len(threads) < 2:
+            threads.append(threading.Thread(target=flap, daemon=True))
+            threads[-1].start()
+
+    api, ui = _api(steps=6, size=256, seed=21, tiny=tiny_ckpt)
+    t0 = time.monotonic()
+    try:
+        pid, messages, _ = asyncio.run(_run(server, api, ui, on_message=hook, timeout=300))
+    finally:
+        for th in threads:
+            th.join(timeout=30)
+        hosts.link("h3b", B_QSFP_IF, "up")
+    wall = time.monotonic() - t0
+    assert len(flaps) == 2, flaps
+    errors = _of(messages, "execution_error", pid)
+    said = errors[0]["exception_message"].strip() if errors else "finished"
+    print(f"\n[two hosts] 2 s flaps at the A->B and B->A hand-offs: the prompt ended in {wall:.1f} s "
+          f"(flaps {', '.join(f'{b - a:.1f} s' for a, b in flaps)}): {said}")
+    if errors:
+        assert _one_sentence(said), said
+    else:
+        _ok(messages, pid)
+    # no wait outlived its bound: the prompt ended well inside the stall bound (B was never silent for long)
+    assert wall < 120, wall
+    api, ui = _api(steps=3, size=64, seed=22, tiny=tiny_ckpt)
+    pid, messages, _ = asyncio.run(_run(server, api, ui, timeout=240))
+    _ok(messages, pid)
+
+
+def _kill_host(hosts, host: str) -> int:
+    """SIGKILL to every process in ``host``'s namespace (the host lost); how many there were."""
+    pids = hosts.pids(host)
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def test_two_hosts_host_b_lost_then_started_again_by_the_docs_command(pair, hosts, tiny_ckpt):
+    """Last (it kills B): every process in h3b killed mid-denoise: the denoise node shows a clear error within 10 s;
+    B started again with the docs' ``remote_worker setup`` command; the next prompt on A connects by itself (no
+    ComfyUI restart) and says B's model was loaded again."""
+    server = pair["server"]
+    api, ui = _api(steps=3, size=64, seed=41, tiny=tiny_ckpt)
+    pid, messages, _ = asyncio.run(_run(server, api, ui))
+    _ok(messages, pid)
+    before = _b(server)
+    lost: dict = {}
+
+    async def hook(http, m):
+        if m["type"] == "progress" and m["data"].get("node") == "5" and m["data"].get("value", 0) >= 2 and not lost:
+            lost["n"] = _kill_host(hosts, "h3b")
+            lost["at"] = time.monotonic()
+
+    api, ui = _api(steps=200, size=256, seed=42, tiny=tiny_ckpt)
+    pid, messages, _ = asyncio.run(_run(server, api, ui, on_message=hook, timeout=300))
+    to_error = time.monotonic() - lost["at"]
+    errors = _of(messages, "execution_error", pid)
+    assert errors and errors[0]["node_id"] == "5", [m["type"] for m in messages[-6:]]
+    text = errors[0]["exception_message"].strip()
+    print(f"\n[two hosts] host B lost ({lost['n']} processes killed) mid-denoise: the node's error {to_error:.1f} s "
+          f"after: {text}")
+    assert to_error <= 10, (to_error, text)
+    assert "B" in text and B_QSFP in text and _one_sentence(text), text
+    argv = list(pair["setup"].args[pair["setup"].args.index("--") + 1:])  # the docs' command, as the pair ran it
+    t0, tries, said = time.monotonic(), 0, []
+    while True:  # as its service does (Restart=on-failure, RestartSec=15), bounded: the head may still count B's
+        tries += 1  # old node alive (it tolerates 150 s of a failing node), and setup then stops, saying so
+        again = hosts.run("h3b", argv, env=pair["env_b"], timeout=300)
+        if again.returncode == 0 or time.monotonic() - t0 > 330:
+            break
+        said.append(((again.stdout + again.stderr).strip().splitlines() or ["?"])[-1][:300])
+        time.sleep(15)
+    setup_s = time.monotonic() - t0
+    print(f"[two hosts] B's setup run again {tries} time(s) in {setup_s:.1f} s; before it passed: {said[:1]}")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    api, ui = _api(steps=3, size=64, seed=43, tiny=tiny_ckpt)
+    t1 = time.monotonic()
+    pid, messages, _ = asyncio.run(_run(server, api, ui, timeout=300))
+    first = time.monotonic() - t1
+    _ok(messages, pid)
+    after = _b(server)
+    status = {d["node"]: d for d in _of(messages, "h3.timing", pid)}["2"]["summary"]["status"]
+    print(f"[two hosts] B started again by the docs' command in {setup_s:.1f} s; the next prompt on A done "
+          f"{first:.1f} s later, no ComfyUI restart; B pid {before['pid']} -> {after['pid']}: {status}")
+    assert after["pid"] != before["pid"], (before, after)
+    assert _status(server)["actors"], "A's ComfyUI lists no B after the prompt"
