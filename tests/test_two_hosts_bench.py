@@ -30,8 +30,9 @@ def test_two_hosts_bench_quick_json_line(hosts):
         assert isinstance(last[key], (int, float)) and math.isfinite(last[key]), (key, last[key])
     assert 0 < last["one_host_s"] < 240 and 0 < last["pair_s"] < 240, last
     assert last["ratio"] == round(last["pair_s"] / last["one_host_s"], 4), last
-    for key in ("ratio", "denoise_ratio", "decode_ratio"):
-        assert 0.05 < last[key] < 20, (key, last)
+    assert 0.05 < last["ratio"] < 20, last
+    for key in ("denoise_ratio", "decode_ratio"):  # tiny stages: the group's collectives can outweigh the forward
+        assert 0.01 < last[key] < 100, (key, last)
     # both hosts' links carried the pair's request, almost all of it on the QSFP link (what the harness's own tests
     # assert for a prompt: the hand-offs, B's events and the ranks' collectives go over it)
     assert 0.5 < last["qsfp_share_of_bytes"] <= 1.0, last

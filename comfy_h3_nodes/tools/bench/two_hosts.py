@@ -55,8 +55,8 @@ MODEL = {
     "transformer": dict(num_attention_heads=8, attention_head_dim=64, hidden_size=384, num_layers=2,
                         num_refiner_layers=1, ffn_dim=1024, text_dim=32, freq_dim=32, time_embed_hidden_dim=64,
                         time_embed_dim=64, rope_freq_dim=8),
-    "vae": {"decoder_num_layers": 1, "decoder_num_attention_heads": 4, "decoder_attention_head_dim": 64,
-            "decoder_ffn_mult": 3},
+    "vae": {"decoder_num_layers": 1, "decoder_num_attention_heads": 8, "decoder_attention_head_dim": 64,
+            "decoder_ffn_mult": 4},
     "height": 384, "width": 640, "frames": 124, "steps": 3,
 }
 #: ``--quick``: the tiny checkpoint at a tiny canvas (a smoke run of every step, not a measurement)
