@@ -57,7 +57,7 @@ MODEL = {
                         time_embed_dim=64, rope_freq_dim=8),
     "vae": {"decoder_num_layers": 1, "decoder_num_attention_heads": 8, "decoder_attention_head_dim": 64,
             "decoder_ffn_mult": 4},
-    "height": 384, "width": 640, "frames": 124, "steps": 3,
+    "height": 384, "width": 640, "frames": 124, "steps": 4,
 }
 #: ``--quick``: the tiny checkpoint at a tiny canvas (a smoke run of every step, not a measurement)
 QUICK = {"height": 64, "width": 64, "frames": 124, "steps": 3}
