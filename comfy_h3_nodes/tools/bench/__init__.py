@@ -27,6 +27,9 @@ Verbs (each starts the embedded two-node Ray cluster, or reuses the one this pro
   core graphs in turn, parallel, LoRA switches, interrupts, bad inputs, re-queues, two clients; the growth of every
   memory, file and cache metric per 100 prompts after the warm-up, and the processes left after ComfyUI's SIGTERM
   (:mod:`.soak`).
+* ``two-hosts``: one whole request (encode, denoise, decode, MP4) on one host doing everything against the pair (A and
+  B as separate hosts of ``scripts/two_hosts.py``: parallel A+B denoise, split decode, the QSFP link), with a random
+  H3 whose denoise and decode stand in the real model's proportion (:mod:`.two_hosts`; root).
 * ``all``: every bench above in one cluster (``vsa`` and ``soak`` excepted).
 
 ``--json`` makes the LAST line of output one JSON object; ``--quick`` shrinks counts for the smoke test.
@@ -42,7 +45,8 @@ import json
 import os
 
 from .. import runner
-from . import batch, decode, handoff, memory, parallel, pipeline, pool, preview, remote_model, soak, step, vsa
+from . import (batch, decode, handoff, memory, parallel, pipeline, pool, preview, remote_model, soak, step, two_hosts,
+               vsa)
 from .common import DEFAULT_SYNTHETIC, cluster, tiny_checkpoint
 
 
@@ -109,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     sk.add_argument("--comfyui", default=None, help="ComfyUI checkout (default $COMFYUI_DIR, else ../shared/comfyui)")
     sk.add_argument("--python", default=None, help="ComfyUI's Python (default $COMFYUI_PYTHON, else .comfyui-venv)")
     sk.add_argument("--warmup", type=int, default=20, help="prompts before growth is measured (default 20)")
+    th = common(sub.add_parser("two-hosts", help="one whole request on one host vs the pair A+B on two hosts (root)"))
+    th.add_argument("--timeout", type=float, default=540.0, help="bound of the whole bench in seconds (default 540)")
     a = common(sub.add_parser("all", help="every bench, one cluster"))
     a.add_argument("--repeats", type=int, default=None)
     a.add_argument("--requests", type=int, default=None)
@@ -141,6 +147,12 @@ def main(argv: list[str]) -> int:
                                     canvas=parallel.parse_canvas(args.canvas))
         if args.json:
             print(json.dumps(res), flush=True)  # exactly {"ranks": {...}, "speedup": ..., "shape": {...}}
+        return 0
+    if verb == "two-hosts":  # the harness's hosts, each with its own cluster: .two_hosts
+        res = two_hosts.run_two_hosts(quick, log, timeout=args.timeout)
+        res.pop("_detail", None)
+        if args.json:
+            print(json.dumps(res), flush=True)  # exactly the keys, in its order
         return 0
     if verb == "soak":  # through ComfyUI's HTTP API: its own cluster, inside ComfyUI
         res = soak.run_soak(args.prompts or (12 if quick else 200), url=args.url, pid=args.pid,
