@@ -21,7 +21,7 @@ from collections import OrderedDict, deque
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from comfy_h3_nodes.cluster.ray_cluster import ROLE_A, ROLE_B
+from comfy_h3_nodes.cluster.ray_cluster import ACTOR_CPUS, ROLE_A, ROLE_B
 from comfy_h3_nodes.engine.contract import wire
 from comfy_h3_nodes.engine.contract.forward_payloads import ForwardCall, ForwardResult
 from comfy_h3_nodes.engine.contract.configs import NAMESPACE
@@ -559,7 +559,7 @@ def start_dit(config: dict, *, node_id: str | None = None, env: dict | None = No
     the background: its first call waits for that)."""
     config = {**config, "role": role}  # "A": a DiT rank on A's machine, for parallel denoise
     opts = {"name": config["name"], "namespace": config.get("namespace") or NAMESPACE,
-            "resources": {ROLE_A if role == "A" else ROLE_B: 1},
+            "resources": {ROLE_A if role == "A" else ROLE_B: 1}, "num_cpus": ACTOR_CPUS,
             "max_restarts": int(config.get("max_restarts", -1)), "max_task_retries": 0,
             "runtime_env": runtime_env({**parallel.gloo_interface_env(), **(env or {})})}
     if detached:

@@ -199,9 +199,33 @@ def test_a_second_worker_that_would_not_fit_beside_the_one_b_holds_is_refused_be
             ray.get(second.ping.remote(), timeout=120)
         said = str(info.value)
         assert "memory plan refused before loading anything: B plan (float32, transformer only" in said, said
-        assert f"less worker {first_name}'s {mp.human(held['planned'] + held['working'])})" in said, said
+        # the session may hold other workers on B (earlier tests'): each is counted in its own clause
+        assert f"less worker {first_name}'s {mp.human(held['planned'] + held['working'])}" in said, said
         assert ray.get(first.pool_status.remote(), timeout=30)["ok"]  # the worker B holds keeps serving
     finally:
         for actor in (second, first):
             if actor is not None:
                 ray.kill(actor, no_restart=True)
+
+
+def test_a_resident_worker_holds_no_cpu_slot_so_more_workers_than_cpus_start(ray_cluster, tiny_ckpt):
+    """Ray, given a custom resource, holds one CPU per actor for its life: B's N+1th worker on an N-CPU node then
+    pended silently until the start's 900 s bound (CI: the nodes and pool tests). A resident worker takes its role
+    unit and no CPU; memory, which the plans count, is what limits how many B holds."""
+    import dataclasses
+    import os
+
+    import ray
+
+    from comfy_h3_nodes.engine.contract.configs import BConfig
+    from remote_worker.actor import start_dit
+
+    cfg = dataclasses.asdict(BConfig(str(tiny_ckpt), dtype="float32", threads=1, name=f"h3_dit_slot_{os.getpid()}",
+                                     max_restarts=0))
+    worker = start_dit(cfg, detached=False, get_if_exists=False)
+    try:
+        assert ray.get(worker.ping.remote(), timeout=120) == "127.0.0.3"
+        total = ray.cluster_resources()["CPU"]
+        assert ray.available_resources().get("CPU", 0.0) == total, (ray.available_resources(), total)
+    finally:
+        ray.kill(worker, no_restart=True)

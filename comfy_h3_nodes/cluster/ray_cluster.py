@@ -37,6 +37,10 @@ import psutil
 ROLE_A = "h3_role_a"
 ROLE_B = "h3_role_b"
 ROLE_UNITS = 1000.0  # a role node offers many units; each resident actor takes one
+#: what a resident actor asks of Ray beside its role unit: no CPU slot. Given a custom resource, Ray holds one CPU per
+#: actor for its whole life, so a node with N CPUs leaves its N+1th worker pending, silently, until the start's bound
+#: (900 s); memory, which the plans count, is the real limit. Torch threads are the actor's ``threads`` setting.
+ACTOR_CPUS = 0
 NAMESPACE = "comfy_h3"
 DEFAULT_OBJECT_STORE_MB = int(os.environ.get("H3_OBJECT_STORE_MB", "512"))
 A_IP, B_IP = "127.0.0.2", "127.0.0.3"

@@ -149,7 +149,7 @@ class ActorA:
 
     def __init__(self, config: SideConfig, actor_class: Callable, timeouts: Timeouts, name: str | None = None,
                  namespace: str = "comfy_h3", env: dict | None = None, max_restarts: int = -1):
-        opts = {"resources": {cl.ROLE_A: 1}, "runtime_env": runtime_env(env), "max_restarts": max_restarts,
+        opts = {"resources": {cl.ROLE_A: 1}, "num_cpus": cl.ACTOR_CPUS, "runtime_env": runtime_env(env), "max_restarts": max_restarts,
                 "max_task_retries": 0}
         if name:
             opts.update(name=name, namespace=namespace, get_if_exists=True)
