@@ -79,6 +79,55 @@ def test_pool_setup_joins_beside_other_b_nodes():
     assert "--name h3_dit_b2" in " ".join(service.setup_argv(args, cli.parser()))
 
 
+def test_pool_a_worker_cut_off_costs_its_bound_once_while_another_answers(ray_cluster):
+    """A worker whose status does not come within the bound (its link or host cut off) is quiet for a while: while
+    another worker answers, the next discoveries give it only QUIET_WAIT_S, not the whole bound again; alone, or once
+    it answers, it is waited for in full again. Real named actors whose pool_status hangs on request."""
+    import ray
+
+    @ray.remote(num_cpus=0, max_concurrency=8)
+    class Silent:
+        def __init__(self):
+            self.silent = False
+
+        def hush(self, on: bool):
+            self.silent = on
+
+        def pool_status(self):
+            t0 = time.monotonic()
+            while self.silent and time.monotonic() - t0 < 30:
+                time.sleep(0.05)
+            return {"resident_partitions": ["transformer"], "queued_steps": 0}
+
+    made = [Silent.options(name=f"h3_quiet_{x}", namespace=NS, lifetime="detached").remote() for x in "ab"]
+    try:
+        a, b = made
+        ray.get([m.hush.remote(False) for m in made], timeout=60)
+        bound = 4.0
+        pool = pl.DiTPool("h3_quiet_*", NS, status_timeout=bound)
+        assert [w.name for w in pool.refresh()] == ["h3_quiet_a", "h3_quiet_b"]
+        ray.get(b.hush.remote(True), timeout=10)
+        t0 = time.monotonic()
+        assert [w.name for w in pool.refresh()] == ["h3_quiet_a"]
+        first = time.monotonic() - t0
+        assert first >= bound - 0.1 and pool.missing == {"h3_quiet_b": f"no status within {bound:g} s"}
+        t0 = time.monotonic()
+        assert [w.name for w in pool.refresh()] == ["h3_quiet_a"]
+        again = time.monotonic() - t0
+        assert again < bound - 1 and "nor within 0.5 s now" in pool.missing["h3_quiet_b"], (again, pool.missing)
+        print(f"\nworker cut off: first discovery {first:.2f} s, the next {again:.2f} s (bound {bound:g} s)")
+        # alone (its partner excluded), a quiet worker gets the whole bound: nothing else could take the request
+        t0 = time.monotonic()
+        assert pool.refresh(exclude=("h3_quiet_a",)) == [] and time.monotonic() - t0 >= bound - 0.1
+        with pytest.raises(pl.PoolError, match="h3_quiet_b: no status within 4 s"):
+            pool.pick("t2va", exclude=("h3_quiet_a",))
+        ray.get(b.hush.remote(False), timeout=10)  # its link is back: found at once, no longer quiet
+        assert [w.name for w in pool.refresh()] == ["h3_quiet_a", "h3_quiet_b"] and pool.quiet == {}
+    finally:
+        for m in made:
+            ray.kill(m, no_restart=True)
+
+
 # ---------------------------------------------------------------------------------------------------- three nodes
 def _node_id(ip: str) -> str:
     from comfy_h3_nodes.cluster import ray_cluster as cl

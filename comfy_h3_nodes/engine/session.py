@@ -243,14 +243,15 @@ def live(ex) -> tuple[object, str]:
         current = _executors.get(key)
     if current is not None and getattr(current, "_cluster_started", None) == CLUSTER.started:
         # what the last request (or the loader) saw of B: the panel's status checks do not move it
-        before = getattr(current, "_b_seen", None) or dict((current.last_health or {}).get("B") or {})
+        before = getattr(current, "_b_seen", None) or {"pid": ((current.last_health or {}).get("B") or {}).get("pid"),
+                                                        "name": current.bclient.primary_name}
         try:
             b = current.check_health()["B"]
         except Exception:  # noqa: BLE001 - B's worker or its node went away for good: rebuilt below, once
             pass
         else:
             current.reconcile_b_config(b)
-            current._b_seen = {"pid": b.get("pid")}
+            current._b_seen = {"pid": b.get("pid"), "name": current.bclient.primary_name}
             return current, _changed_note(before, b, current)
     address, name, namespace, model_path, partition, dtype, attention_backend, precision, parallel = key
     opts = getattr(ex, "_session_opts", {})
@@ -258,7 +259,7 @@ def live(ex) -> tuple[object, str]:
               parallel=parallel, timeouts=opts.get("timeouts"), threads=opts.get("threads"),
               actors=opts.get("actors") or ex.actors)
     b = new.last_health["B"]
-    new._b_seen = {"pid": b.get("pid")}
+    new._b_seen = {"pid": b.get("pid"), "name": new.bclient.primary_name}
     return new, (f"B's DiT worker {new.bclient.primary_name or name} found again by name (pid {b.get('pid')}): the "
                  "connection the cached loader made had gone" + _released_note(b))
 
@@ -270,8 +271,11 @@ def _released_note(b: dict) -> str:
 
 def _changed_note(before: dict, b: dict, ex) -> str:
     """What a denoise or sampling finds changed on B since the last check (the loader's, or the last request's)."""
-    note = ""
-    if before.get("pid") and b.get("pid") != before.get("pid"):
+    note, name = "", ex.bclient.primary_name
+    if before.get("name") and name and before["name"] != name:  # a pool's worker left or stopped answering
+        note = (f"B's DiT worker {before['name']} did not answer the health check, so {name} (pid {b.get('pid')}) is "
+                "the pool's worker asked first now")
+    elif before.get("pid") and b.get("pid") != before.get("pid"):
         note = (f"B's DiT worker {ex.bclient.primary_name} restarted since the last check (pid {before.get('pid')} "
                 f"-> {b.get('pid')}): found again by name")
     return (note + _released_note(b)).removeprefix("; ")

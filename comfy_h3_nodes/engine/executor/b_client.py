@@ -7,7 +7,7 @@ and the request's ``a_to_b`` and ``denoise`` records on A's time axis). Every re
 ``Timeouts``; a B that makes no step progress for ``stall`` seconds is stopped.
 
 Routing is :mod:`.pool`'s (the worker that holds the workflow's partition, then the fewest queued steps). A worker
-lost mid-request (process killed, node gone) hands the request to another worker once, with the same seed: B draws
+lost mid-request (process killed, node gone, its link or host cut off) hands the request to another worker once, with the same seed: B draws
 all noise from it, so the result is the same, and the denoise record says it was re-run and what was lost.
 """
 
@@ -37,7 +37,7 @@ from .progress import await_ref
 from .group import A_RANK_NAME, Groups
 from .failures import NODE_SETTLE_S, WORKER_LOST, WorkerLost, clean, first_line, node_lost_error, remote_error
 from .handoff import unwrap_ray_error
-from .link import LinkProbe
+from .link import LinkDown, LinkProbe
 
 log = logging.getLogger("comfy_h3.executor")
 
@@ -210,8 +210,9 @@ class BClient:
             rerun = why  # parallel auto's reason for one worker, when it chose one
             if lost:
                 old, exc, spent = lost[-1]
-                rerun = (f"{why + '; ' if why else ''}re-run on worker {w.name} ({w.node_ip}) after worker {old.name} ({old.node_ip}) was lost "
-                         f"{spent:.1f} s into the request ({type(exc).__name__})")
+                cause = exc.short if isinstance(exc, LinkDown) else type(exc).__name__
+                rerun = (f"{why + '; ' if why else ''}re-run on worker {w.name} ({w.node_ip}) after worker {old.name} "
+                         f"({old.node_ip}) was lost {spent:.1f} s into the request ({cause})")
             try:
                 den = await self._denoise_on(w, payload_ref, call, workflow, put, on_step, rerun)
                 if self.groups is not None:  # one rank's step time: what parallel auto compares a group with
@@ -255,7 +256,9 @@ class BClient:
     async def _lost_error(self, rid: str, lost: list, why: str) -> H3Error:
         """The one sentence for a request whose worker was lost and that no other worker could take over."""
         w, exc, _ = lost[-1]
-        err = remote_error("B", "denoise", rid, exc)
+        if isinstance(exc, LinkDown) and len(lost) == 1:
+            return exc  # A's own sentence: which link, and what to do
+        err = exc if isinstance(exc, LinkDown) else remote_error("B", "denoise", rid, exc)
         # "unavailable" comes before the head has judged B's node (~1.5 s vs ~2.5 s): give it a moment
         settle = NODE_SETTLE_S if isinstance(exc, ray.exceptions.ActorUnavailableError) else 0.0
         if await self.node_gone(settle, w.status.get("node_id")):
@@ -291,6 +294,9 @@ class BClient:
             if isinstance(exc, WORKER_LOST):
                 raise WorkerLost(exc) from None  # the caller re-runs it on another worker, or says why not
             raise err from None
+        except LinkDown as cut:  # B's link or host is gone, though Ray still counts its node alive
+            latents_ref.future().add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise WorkerLost(cut) from None
         except BaseException:
             # the latents ref carries the same error; read it when it lands so Ray does not log it as unhandled
             latents_ref.future().add_done_callback(lambda f: f.cancelled() or f.exception())

@@ -4,7 +4,8 @@ The head tolerates a silent B node for a long while (``ray_node.HEAD_SYSTEM_CONF
 switch must not cost B its resident model), so A cannot wait for Ray to judge B's node. When B has not answered a
 progress call for ``LINK_SILENT_S``, A opens a TCP connection to B's raylet: refused means B's processes are gone (a
 host restarted, Ray stopped); no answer within ``PROBE_S`` means the link carries nothing. Either ends the request in
-one sentence; a connection that opens means B is only busy (the stall bound still applies).
+one sentence (:class:`LinkDown`; a pool moves the request to another worker first); a connection that opens means B
+is only busy (the stall bound still applies).
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ from ..contract.errors import H3Error
 LINK_SILENT_S = float(os.environ.get("H3_LINK_SILENT_S", "8"))
 #: a TCP connect to B's raylet that takes longer counts as a link carrying nothing
 PROBE_S = 2.0
+
+
+class LinkDown(H3Error):
+    """B cannot be reached (its link carries nothing, or its host refuses connections): the request stops in one
+    sentence, and a pool hands it to another worker. ``short`` says which, for a re-run's note."""
+
+    def __init__(self, message: str, short: str):
+        super().__init__(message)
+        self.short = short
 
 
 def partition_tolerance_s() -> int:
@@ -67,19 +77,20 @@ class LinkProbe:
             return
         state = probe(self.address)
         if state == "silent":
-            raise H3Error(
+            raise LinkDown(
                 f"the link from A to machine B ({self.node_ip}) has carried nothing for {silent_s:.0f} s during "
                 f"{self.stage} of request {rid} (QSFP cable pulled, port down or switch rebooting), so the request "
                 f"was stopped; B keeps its model through up to {partition_tolerance_s()} s without a link: reconnect "
-                "it and run the request again.")
+                "it and run the request again.", f"its link carried nothing for {silent_s:.0f} s")
         if state == "refused":
             raise self.lost_error(rid)
 
-    def lost_error(self, rid: str) -> H3Error:
-        return H3Error(
+    def lost_error(self, rid: str) -> LinkDown:
+        return LinkDown(
             f"machine B ({self.node_ip}) was lost during {self.stage} of request {rid}: its Ray node refuses "
             "connections (its processes are gone: the host restarted or Ray was stopped); start B again "
-            "(`python -m remote_worker setup ...` on B, or its service) and run the request again.")
+            "(`python -m remote_worker setup ...` on B, or its service) and run the request again.",
+            "its host refused connections")
 
     def refused(self) -> bool:
         """B's node refuses connections (its processes are gone), as the head cannot tell for up to 150 s."""

@@ -12,7 +12,9 @@ Data contract. A worker is a named DiT actor (``remote_worker setup --name NAME`
 A name spec is one name (``h3_dit``), a comma-separated list (``b1,b2``) or prefixes with ``*`` (``h3_dit*``),
 mixed freely. Discovery lists the namespace's named actors (``ray.util.list_named_actors``) and keeps those whose
 ``pool_status`` answers within a bound: a worker that left or died simply stops answering, one that joins is found
-by the next request's discovery; nothing is restarted.
+by the next request's discovery; nothing is restarted. A worker that missed its bound (its host or link cut off) is
+*quiet* for ``QUIET_S``: while another worker answers, discovery gives it only ``QUIET_WAIT_S`` more, so every
+request of a pool with one worker cut off does not pay the whole bound again; alone, it gets the whole bound.
 
 Routing (:func:`choose`): a request goes to the worker that can start it soonest. A worker that already holds the
 partition the workflow needs (``resident_partitions``) wins over one that must swap (a swap loads 31-62 GiB);
@@ -36,6 +38,9 @@ from ..contract.configs import PARTITION_OF
 from ..contract.request import parse_actor_spec as parse_spec
 
 log = logging.getLogger("comfy_h3.pool")
+
+QUIET_S = 60.0  # how long a worker that missed its status bound stays quiet
+QUIET_WAIT_S = 0.5  # what a quiet worker is waited for beyond the others, while another one answers
 
 
 class PoolError(RuntimeError):
@@ -116,6 +121,7 @@ class DiTPool:
         self.client = client_id()
         self.last_refresh = 0.0
         self.missing: dict[str, str] = {}  # name -> why it was left out at the last refresh
+        self.quiet: dict[str, float] = {}  # name -> when it last missed its status bound (time.monotonic)
 
     def names(self) -> list[str]:
         """Live named actors of the namespace that match the spec (Ray's registry of named actors)."""
@@ -128,7 +134,7 @@ class DiTPool:
         ``timeout``. Returns them (also in ``workers``)."""
         bound = self.status_timeout if timeout is None else timeout
         names = [n for n in self.names() if n not in exclude]
-        pending = {}
+        pending, missing = {}, {}
         for name in names:
             w = self.workers.get(name)
             if w is None:
@@ -139,13 +145,19 @@ class DiTPool:
             try:
                 pending[w.handle.pool_status.remote()] = w
             except Exception as exc:  # noqa: BLE001 - a handle Ray no longer serves
-                self.missing[name] = f"{type(exc).__name__}"
-        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=bound) if pending else ([], [])
-        live, self.missing = {}, {}
+                missing[name] = f"{type(exc).__name__}"
+        ready, short = self._wait(pending, bound)
+        live, self.missing = {}, missing
         for ref, w in pending.items():
             if ref not in ready:
-                self.missing[w.name] = f"no status within {bound:g} s"
+                if ref in short:  # quiet: its last miss of the whole bound stays the one that counts
+                    ago = time.monotonic() - self.quiet[w.name]
+                    missing[w.name] = f"no status within {bound:g} s {ago:.0f} s ago, nor within {QUIET_WAIT_S:g} s now"
+                else:
+                    self.missing[w.name] = f"no status within {bound:g} s"
+                    self.quiet[w.name] = time.monotonic()
                 continue
+            self.quiet.pop(w.name, None)
             try:
                 w.status, w.seen = ray.get(ref, timeout=bound), time.time()
             except Exception as exc:  # noqa: BLE001 - died, or not a DiT worker of this version
@@ -155,6 +167,19 @@ class DiTPool:
         self.workers = live
         self.last_refresh = time.time()
         return list(live.values())
+
+    def _wait(self, pending: dict, bound: float) -> tuple[set, set]:
+        """The status refs answered, and those given less than ``bound``: quiet workers while another answers."""
+        now = time.monotonic()
+        quiet = {r for r, w in pending.items() if now - self.quiet.get(w.name, -QUIET_S) < QUIET_S}
+        rest = [r for r in pending if r not in quiet]
+        ready = set(ray.wait(rest, num_returns=len(rest), timeout=bound)[0]) if rest else set()
+        if not quiet:
+            return ready, set()
+        short = quiet if ready else set()
+        left = QUIET_WAIT_S if ready else max(0.0, bound - (time.monotonic() - now))
+        ready |= set(ray.wait(list(quiet), num_returns=len(quiet), timeout=left)[0])
+        return ready, short
 
     def pick(self, workflow: str, exclude: tuple[str, ...] = (), timeout: float | None = None,
              patience: float = 0.0) -> Worker:
