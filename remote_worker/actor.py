@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from collections import OrderedDict, deque
@@ -273,10 +272,8 @@ class DiTActorImpl(ResidentActorMixin):
     # ------------------------------------------------------------------------------------------------ DiT group
     @ray.method(concurrency_group="control")
     def rendezvous(self) -> str:
-        """``ip:port`` on this node where a DiT group with this worker as rank 0 meets (a free port, now)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((self.node_ip, 0))
-            return f"{self.node_ip}:{s.getsockname()[1]}"
+        """``ip:port`` on this node where a DiT group with this worker as rank 0 meets (its store listens there now)."""
+        return parallel.rendezvous(self.node_ip)
 
     @ray.method(concurrency_group="denoise")
     def join_group(self, group_id: str, address: str, rank: int, world: int, timeout_s: float,

@@ -121,6 +121,31 @@ def _denoise_records(job):
     return [r for r in job.records if r.stage == "denoise"]
 
 
+def test_a_rendezvous_holds_its_port_until_the_join():
+    """Rank 0's rendezvous listens at once on the port it names: no other process can take that port before the
+    group joins (a port found free and closed again was taken once by an outgoing connection: EADDRINUSE)."""
+    import datetime
+    import errno
+    import socket
+
+    import torch.distributed as dist
+
+    from comfy_h3_nodes.engine.model import parallel
+
+    address = parallel.rendezvous("127.0.0.1", join_timeout_s=10)
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as s, pytest.raises(OSError) as info:
+        s.bind((host, int(port)))
+    assert info.value.errno == errno.EADDRINUSE
+    peer = dist.TCPStore(host, int(port), None, False, timeout=datetime.timedelta(seconds=10))
+    peer.set("rank1", "here")
+    assert parallel._PENDING[address].get("rank1") == b"here"
+    for _ in range(5):  # rendezvous of groups that never formed are not kept for ever
+        parallel.rendezvous("127.0.0.1", join_timeout_s=10)
+    assert address not in parallel._PENDING and len(parallel._PENDING) == 4
+    parallel._PENDING.clear()
+
+
 @pytest.mark.parametrize("workflow", ["t2va", "fl2va", "ref2va"])
 def test_two_and_three_ranks_match_one(single, pair, trio, media, workflow):
     req = workflow_request(workflow, media, seed=11)[0]

@@ -86,6 +86,9 @@ class Group:
 
 _GROUP: Group | None = None
 _lock = threading.Lock()
+#: rank 0's stores, each listening on the port its rendezvous named, until its join takes it (the last few kept)
+_PENDING: dict[str, object] = {}
+_pending_lock = threading.Lock()
 #: NCCL's watchdog counts from when the CPU queues a collective, and the CPU runs layers ahead of the GPU: the data
 #: collectives on CUDA get at least one forward at the largest canvas (the gloo agreement keeps the short bound)
 NCCL_TIMEOUT_ENV = "H3_NCCL_TIMEOUT_S"
@@ -109,6 +112,20 @@ def current() -> Group | None:
     return _GROUP
 
 
+def rendezvous(host: str, join_timeout_s: float = 600.0) -> str:
+    """``host:port`` where a group with this process as rank 0 meets. Its store listens from now on, on a port the OS
+    gave it: a port only found free and closed again could be taken (by any process's outgoing connection) before
+    the join binds it, and then the group cannot form (EADDRINUSE)."""
+    store = dist.TCPStore(host, 0, None, True, timeout=datetime.timedelta(seconds=join_timeout_s),
+                          wait_for_workers=False)
+    address = f"{host}:{store.port}"
+    with _pending_lock:
+        _PENDING[address] = store
+        while len(_PENDING) > 4:  # rendezvous of groups that never formed
+            _PENDING.pop(next(iter(_PENDING)))
+    return address
+
+
 def join(group_id: str, address: str, rank: int, world: int, timeout_s: float, device: str = "cpu",
          join_timeout_s: float = 600.0) -> Group:
     """Join the group at ``address`` (``host:port``, rank 0's rendezvous; rank 0 serves it) as ``rank`` of
@@ -123,8 +140,13 @@ def join(group_id: str, address: str, rank: int, world: int, timeout_s: float, d
         host, port = address.rsplit(":", 1)
         t0 = time.perf_counter()
         try:
-            store = dist.TCPStore(host, int(port), world, rank == 0,
-                                  timeout=datetime.timedelta(seconds=join_timeout_s))
+            with _pending_lock:
+                store = _PENDING.pop(address, None) if rank == 0 else None
+            if store is not None:  # rank 0's store, listening since its rendezvous
+                store.set_timeout(datetime.timedelta(seconds=join_timeout_s))
+            else:
+                store = dist.TCPStore(host, int(port), world, rank == 0,
+                                      timeout=datetime.timedelta(seconds=join_timeout_s))
             extra = {"device_id": torch.device(device if ":" in device else "cuda:0")} if cuda else {}
             dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=nccl_timeout_s(timeout_s) if cuda
