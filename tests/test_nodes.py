@@ -355,9 +355,15 @@ def test_remote_dit_node_recovers_when_its_b_actor_is_gone(local_host, tiny_ckpt
     first = N.H3RemoteDiT().connect(*args)["result"][0]
     pid = ray.get(first.b.health.remote(), timeout=10)["pid"]
     ray.kill(first.b, no_restart=True)
-    second = N.H3RemoteDiT().connect(*args)["result"][0]
+    out = N.H3RemoteDiT().connect(*args)
+    second = out["result"][0]
     assert second is not first
-    assert ray.get(second.b.health.remote(), timeout=30)["pid"] != pid
+    new_pid = ray.get(second.b.health.remote(), timeout=30)["pid"]
+    assert new_pid != pid
+    # the readout says B's model was loaded again, by which process (#39: B brought back by its service)
+    said = f"B's model was loaded again by its new worker process (pid {pid} -> {new_pid}, "
+    assert second.b_reload_note.startswith(said), second.b_reload_note
+    assert said in json.dumps(out["ui"]), out["ui"]
     encoders = N.H3LoadEncoders().load(str(tiny_ckpt), "float32", "sdpa")["result"][0]
     cond = N.H3TextEncode().encode(encoders, PROMPT, 64, 64, 124)["result"][0]
     (lat,) = asyncio.run(N.H3RemoteDenoise().denoise(second, cond, 3, 3))["result"][0]

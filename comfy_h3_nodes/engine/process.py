@@ -90,6 +90,7 @@ def base_health(role: str, side, started: float) -> dict:
         "memory": memory_info(side.device),
         "uptime_s": round(time.time() - started, 1),
         "loads": len(side.load_records),
+        "load_s": round(sum(r.seconds for r in side.load_records), 3),  # this process's loads, its start's among them
     }
 
 

@@ -196,18 +196,21 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
     name = name.removeprefix(NEW_WORKER).strip()
     key = (address, name, namespace, str(model_path), partition, dtype, attention_backend, precision, parallel)
     with _lock:
-        ex = _executors.get(key)
+        ex, seen = _executors.get(key), None
         if ex is not None and getattr(ex, "_cluster_started", None) != CLUSTER.started:
+            seen = _seen(ex)
             _drop(key)  # joined a new cluster since: its actor handles are gone
             ex = None
         if ex is not None:
             ex.bclient.config.search_roots = tuple(A_MODEL_ROOTS)  # where B looks a model name up (A's, may change)
             ex.bclient.config.asked_by = asked_by  # the node input a refused name came from
+            seen = _seen(ex)
             try:
                 health = ex.check_health()
             except Exception:  # noqa: BLE001 - the B actor or its node went away: rebuild once, below
                 _drop(key)
             else:
+                ex.b_reload_note = new_worker_note(seen, health["B"], ex.bclient.primary_name)  # restarted since
                 ex.reconcile_b_config(health["B"])  # another caller may have reconfigured B since
                 refresh_b_models(ex)
                 return ex
@@ -223,6 +226,7 @@ def dit(address: str, name: str, namespace: str, model_path: str, partition: str
         ex.start()
         ex._cluster_started = CLUSTER.started
         ex._session_key, ex._session_opts = key, {"timeouts": timeouts, "threads": threads, "actors": actors}
+        ex.b_reload_note = new_worker_note(seen, ex.last_health["B"], ex.bclient.primary_name)  # the readout says it
         _executors[key] = ex
         refresh_b_models(ex)
         return ex
@@ -253,6 +257,7 @@ def live(ex) -> tuple[object, str]:
             current.reconcile_b_config(b)
             current._b_seen = {"pid": b.get("pid"), "name": current.bclient.primary_name}
             return current, _changed_note(before, b, current)
+    seen = _seen(current if current is not None else ex)
     address, name, namespace, model_path, partition, dtype, attention_backend, precision, parallel = key
     opts = getattr(ex, "_session_opts", {})
     new = dit(address, name, namespace, model_path, partition, dtype, attention_backend, precision=precision,
@@ -260,8 +265,28 @@ def live(ex) -> tuple[object, str]:
               actors=opts.get("actors") or ex.actors)
     b = new.last_health["B"]
     new._b_seen = {"pid": b.get("pid"), "name": new.bclient.primary_name}
+    reload = new_worker_note(seen, b, new.bclient.primary_name)
     return new, (f"B's DiT worker {new.bclient.primary_name or name} found again by name (pid {b.get('pid')}): the "
-                 "connection the cached loader made had gone" + _released_note(b))
+                 "connection the cached loader made had gone" + (f"; {reload}" if reload else "") + _released_note(b))
+
+
+def _seen(ex) -> dict:
+    """B's worker as ``ex`` last saw it, ``{"pid", "name"}`` (the last request's check, else its connection's)."""
+    seen = getattr(ex, "_b_seen", None)
+    if seen:
+        return dict(seen)
+    return {"pid": ((getattr(ex, "last_health", None) or {}).get("B") or {}).get("pid"),
+            "name": getattr(getattr(ex, "bclient", None), "primary_name", None)}
+
+
+def new_worker_note(seen: dict | None, b: dict, name: str | None) -> str:
+    """The worker ``name`` is a new process since ``seen`` (B restarted: its service, its setup run again) and loaded
+    its model anew: said with its load time; "" when it is the same process, another worker of a pool, or unseen."""
+    before_pid = (seen or {}).get("pid")
+    if not before_pid or b.get("pid") == before_pid or (seen.get("name") and name and seen["name"] != name):
+        return ""
+    took = f", {b['load_s']:.1f} s" if b.get("load_s") else ""
+    return f"B's model was loaded again by its new worker process (pid {before_pid} -> {b.get('pid')}{took})"
 
 
 def _released_note(b: dict) -> str:
@@ -276,8 +301,9 @@ def _changed_note(before: dict, b: dict, ex) -> str:
         note = (f"B's DiT worker {before['name']} did not answer the health check, so {name} (pid {b.get('pid')}) is "
                 "the pool's worker asked first now")
     elif before.get("pid") and b.get("pid") != before.get("pid"):
+        took = f" ({b['load_s']:.1f} s)" if b.get("load_s") else ""
         note = (f"B's DiT worker {ex.bclient.primary_name} restarted since the last check (pid {before.get('pid')} "
-                f"-> {b.get('pid')}): found again by name")
+                f"-> {b.get('pid')}): found again by name, its model loaded again{took}")
     return (note + _released_note(b)).removeprefix("; ")
 
 

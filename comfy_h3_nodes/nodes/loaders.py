@@ -199,6 +199,8 @@ def connection_readout(ex) -> tuple[str, dict]:
     workers = health.get("workers") or []
     if len(workers) > 1:  # a pool: every worker this node's actor_name matches
         note += f" · pool of {len(workers)}: " + ", ".join(f"{w['name']} {w['node']}" for w in workers)
+    if getattr(ex, "b_reload_note", ""):  # B's worker is a new process since this ComfyUI last connected
+        note += f" · {ex.b_reload_note}"
     if ex.last_reconfigure:
         note += f" · B reconfigured: {ex.last_reconfigure}"
     residency = b_residency_text(b, session.CLUSTER.started, ex.last_reconfigure)
@@ -219,7 +221,8 @@ def connection_readout(ex) -> tuple[str, dict]:
              "memory_plan": plan.get("summary"), "clock_b_minus_a_s": health["clock"]["b_minus_a_s"],
              "parallel": ex.bclient.parallel, "group": health.get("group"),
              "b_resident_bytes": b.get("resident_bytes"), "b_released": b.get("released"),
-             "b_already_resident": bool(residency.startswith("B was already resident")), "b_loads": b.get("loads")}
+             "b_already_resident": bool(residency.startswith("B was already resident")), "b_loads": b.get("loads"),
+             "b_reloaded": getattr(ex, "b_reload_note", "") or None}
     return note, extra
 
 
