@@ -84,6 +84,7 @@ def test_pool_a_worker_cut_off_costs_its_bound_once_while_another_answers(ray_cl
     another worker answers, the next discoveries give it only QUIET_WAIT_S, not the whole bound again; alone, or once
     it answers, it is waited for in full again. Real named actors whose pool_status hangs on request."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     @ray.remote(num_cpus=0, max_concurrency=8)
     class Silent:
@@ -99,7 +100,10 @@ def test_pool_a_worker_cut_off_costs_its_bound_once_while_another_answers(ray_cl
                 time.sleep(0.05)
             return {"resident_partitions": ["transformer"], "queued_steps": 0}
 
-    made = [Silent.options(name=f"h3_quiet_{x}", namespace=NS, lifetime="detached").remote() for x in "ab"]
+    # on this process's node: an earlier module's extra node may be gone (a node-free actor could land there)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    made = [Silent.options(name=f"h3_quiet_{x}", namespace=NS, lifetime="detached", scheduling_strategy=here).remote()
+            for x in "ab"]
     try:
         a, b = made
         ray.get([m.hush.remote(False) for m in made], timeout=60)
