@@ -325,7 +325,8 @@ def test_link_loss_ends_the_request_with_a_bounded_clear_error(cluster):
         elapsed = res["t_end"] - t_cut
         print(f"[timing] link cut after step {res['steps_seen']} of 200; the request ended {elapsed:.1f} s later "
               f"with {res['error']}: {res['message']}")
-        assert res["error"] in ("H3Error", "H3Timeout") and res["h3"], res
+        # A's link probe (LinkDown, an H3Error), or the stall bound where the probe could not tell
+        assert res["error"] in ("LinkDown", "H3Error", "H3Timeout") and res["h3"], res
         assert res["request_id"] == rid and rid in res["message"], res
         # A's own link probe (engine/executor/link.py), not the head's health checks: those tolerate 150 s of a
         # silent B so that a pulled cable does not cost B its model (ray_node.HEAD_SYSTEM_CONFIG)
