@@ -442,3 +442,15 @@ def test_pool_worker_that_joins_later_is_used(pool_ex, tiny_ckpt, workers, media
     assert ran_on(result) == "h3_pool_b3" and "re-run" not in denoise_record(result).note
     assert result.media.frames.shape == (124, 64, 64, 3)
 
+
+
+def test_pool_link_down_error_rebuilt_with_the_worker_names_keeps_its_parts():
+    """A's link probe's error, rebuilt as the one sentence of a request no other worker took (the host-lost path of
+    ``BClient._lost_error``): one argument builds it, and its short cause survives (it failed on CI: a TypeError)."""
+    from comfy_h3_nodes.engine.contract.errors import H3Error
+    from comfy_h3_nodes.engine.executor.link import LinkDown
+
+    err = LinkDown("machine B (198.18.1.2) was lost during denoise of request r1: its Ray node refuses connections.",
+                   "its host refused connections")
+    again = type(err)(f"{str(err).rstrip('.')} (DiT worker h3_dit; no other DiT worker answers, so it was not re-run).")
+    assert isinstance(again, H3Error) and str(again).endswith("so it was not re-run).") and again.short

@@ -268,7 +268,10 @@ class BClient:
             if await asyncio.to_thread(lp.refused):
                 err = lp.lost_error(rid)
         names = ", ".join(x[0].name for x in lost)
-        return type(err)(f"{str(err).rstrip('.')} (DiT worker {names}; {why}, so it was not re-run).")
+        out = type(err)(f"{str(err).rstrip('.')} (DiT worker {names}; {why}, so it was not re-run).")
+        if isinstance(err, LinkDown):
+            out.short = err.short
+        return out
 
     async def _denoise_on(self, w: pl.Worker, payload_ref, call: wire.DenoiseCall, workflow: str,
                           put: StageRecord | None, on_step, rerun: str) -> Denoised:

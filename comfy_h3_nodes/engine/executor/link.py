@@ -28,8 +28,8 @@ class LinkDown(H3Error):
     """B cannot be reached (its link carries nothing, or its host refuses connections): the request stops in one
     sentence, and a pool hands it to another worker. ``short`` says which, for a re-run's note."""
 
-    def __init__(self, message: str, short: str):
-        super().__init__(message)
+    def __init__(self, message: str, short: str = "B cannot be reached"):
+        super().__init__(message)  # one argument also works: errors are rebuilt by type(err)(longer sentence)
         self.short = short
 
 
