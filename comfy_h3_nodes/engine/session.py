@@ -247,8 +247,7 @@ def live(ex) -> tuple[object, str]:
         current = _executors.get(key)
     if current is not None and getattr(current, "_cluster_started", None) == CLUSTER.started:
         # what the last request (or the loader) saw of B: the panel's status checks do not move it
-        before = getattr(current, "_b_seen", None) or {"pid": ((current.last_health or {}).get("B") or {}).get("pid"),
-                                                        "name": current.bclient.primary_name}
+        before = _seen(current)
         try:
             b = current.check_health()["B"]
         except Exception:  # noqa: BLE001 - B's worker or its node went away for good: rebuilt below, once

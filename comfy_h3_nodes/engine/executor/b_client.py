@@ -7,8 +7,9 @@ and the request's ``a_to_b`` and ``denoise`` records on A's time axis). Every re
 ``Timeouts``; a B that makes no step progress for ``stall`` seconds is stopped.
 
 Routing is :mod:`.pool`'s (the worker that holds the workflow's partition, then the fewest queued steps). A worker
-lost mid-request (process killed, node gone, its link or host cut off) hands the request to another worker once, with the same seed: B draws
-all noise from it, so the result is the same, and the denoise record says it was re-run and what was lost.
+lost mid-request (process killed, node gone, its link or host cut off) hands the request to another worker once,
+with the same seed: B draws all noise from it, so the result is the same, and the denoise record says it was re-run
+and what was lost.
 """
 
 from __future__ import annotations
@@ -268,10 +269,7 @@ class BClient:
             if await asyncio.to_thread(lp.refused):
                 err = lp.lost_error(rid)
         names = ", ".join(x[0].name for x in lost)
-        out = type(err)(f"{str(err).rstrip('.')} (DiT worker {names}; {why}, so it was not re-run).")
-        if isinstance(err, LinkDown):
-            out.short = err.short
-        return out
+        return type(err)(f"{str(err).rstrip('.')} (DiT worker {names}; {why}, so it was not re-run).")
 
     async def _denoise_on(self, w: pl.Worker, payload_ref, call: wire.DenoiseCall, workflow: str,
                           put: StageRecord | None, on_step, rerun: str) -> Denoised:

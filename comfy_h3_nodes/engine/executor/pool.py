@@ -154,14 +154,14 @@ class DiTPool:
                     ago = time.monotonic() - self.quiet[w.name]
                     missing[w.name] = f"no status within {bound:g} s {ago:.0f} s ago, nor within {QUIET_WAIT_S:g} s now"
                 else:
-                    self.missing[w.name] = f"no status within {bound:g} s"
+                    missing[w.name] = f"no status within {bound:g} s"
                     self.quiet[w.name] = time.monotonic()
                 continue
             self.quiet.pop(w.name, None)
             try:
                 w.status, w.seen = ray.get(ref, timeout=bound), time.time()
             except Exception as exc:  # noqa: BLE001 - died, or not a DiT worker of this version
-                self.missing[w.name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+                missing[w.name] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
                 continue
             live[w.name] = w
         self.workers = live
