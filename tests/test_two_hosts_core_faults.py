@@ -3,9 +3,9 @@
 ComfyUI's own sampler driving B's forwards (``H3RemoteModel``) with B's QSFP link down for 30 s and 120 s mid-sampling
 (A probes B's node when a forward goes unanswered: ``remote_forward.RemoteSampling``), and with ``parallel`` A+B; a 2 s
 flap during each hand-off of the pack's template; host B lost (every process in ``h3b`` killed) and started again with
-the docs' command; the QSFP link down for 200 s, past the cluster's tolerance, and B brought back by its service. Each
-test prints the time to the error and to the recovery; each outage is bounded in time. One ``pair`` (B's setup in
-h3b, ComfyUI in h3a) serves the module; the two tests that lose B's model come last.
+the docs' command; the QSFP link down until A's head drops B, past the cluster's tolerance, and B brought back by its
+service. Each test prints the time to the error and to the recovery; each outage is bounded in time. One ``pair``
+(B's setup in h3b, ComfyUI in h3a) serves the module; the two tests that lose B's model come last.
 """
 
 from __future__ import annotations
