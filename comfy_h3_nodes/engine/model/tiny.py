@@ -242,12 +242,12 @@ def _make_image_processor():
     )
 
 
-def _make_text_encoder(tokenizer):
+def _make_text_encoder(tokenizer, hidden: int = TINY_SIZES["text_hidden_size"]):
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _SPECIAL_TOKENS}
     config = Qwen3VLConfig(
         text_config={
             "vocab_size": _TEXT_VOCAB_SIZE,
-            "hidden_size": 32,
+            "hidden_size": hidden,
             "intermediate_size": 64,
             "num_hidden_layers": 51,
             "num_attention_heads": 2,
@@ -270,7 +270,7 @@ def _make_text_encoder(tokenizer):
             "patch_size": 16,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
-            "out_hidden_size": 32,
+            "out_hidden_size": hidden,
             "num_position_embeddings": 16,
             "deepstack_visual_indexes": [0],
         },
@@ -311,19 +311,22 @@ def _write_index(out_dir: Path, components: dict) -> None:
     pipe.save_config(save_directory=str(out_dir))
 
 
-def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True, transformer: dict | None = None) -> Path:
+def build_tiny_checkpoint(out_dir, seed: int = 0, formats: bool = True, transformer: dict | None = None,
+                          text_hidden: int = TINY_SIZES["text_hidden_size"]) -> Path:
     """Write the tiny random checkpoint into `out_dir` (created; existing component folders are replaced).
 
     Returns the checkpoint folder as a `Path`. Deterministic: the same `seed` writes byte-identical files.
     ``formats`` also writes ``single_file/``, ``gguf/`` (the same transformers in the other formats) and ``comfy/``
     (every Comfy-Org layout of the transformers, text encoder and VAEs: :mod:`.tiny_comfy`).
-    ``transformer`` overrides the transformers' config (e.g. :data:`PARALLEL_TRANSFORMER`).
+    ``transformer`` overrides the transformers' config (e.g. :data:`PARALLEL_TRANSFORMER`); ``text_hidden`` is the text
+    encoder's width, the last dimension of ``prompt_embeds`` (the real model's is 5120: give the transformer that
+    ``text_dim`` too).
     """
     with quiet_weight_norm():  # the audio VAE warns on every construction (split.quiet_weight_norm)
-        return _build(out_dir, seed, formats, transformer)
+        return _build(out_dir, seed, formats, transformer, text_hidden)
 
 
-def _build(out_dir, seed: int, formats: bool, transformer: dict | None) -> Path:
+def _build(out_dir, seed: int, formats: bool, transformer: dict | None, text_hidden: int) -> Path:
     ensure_processor_compat()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -344,7 +347,7 @@ def _build(out_dir, seed: int, formats: bool, transformer: dict | None) -> Path:
         tokenizer = _make_tokenizer()
         image_processor = _make_image_processor()
         with _seeded(seed, 5):
-            text_encoder = _make_text_encoder(tokenizer)
+            text_encoder = _make_text_encoder(tokenizer, text_hidden)
 
     scheduler = MiniMaxH3Scheduler(shift=TINY_SIZES["video_shift"])
     audio_scheduler = MiniMaxH3Scheduler(shift=TINY_SIZES["audio_shift"])

@@ -53,12 +53,20 @@ HEAD = f"{A_QSFP}:{PORT}"
 #: the random H3 of this bench, calibrated on one CPU so that denoise : decode is about 92 : 94 (printed with each run)
 MODEL = {
     "transformer": dict(num_attention_heads=8, attention_head_dim=64, hidden_size=384, num_layers=2,
-                        num_refiner_layers=1, ffn_dim=1024, text_dim=32, freq_dim=32, time_embed_hidden_dim=64,
+                        num_refiner_layers=1, ffn_dim=1024, text_dim=5120, freq_dim=32, time_embed_hidden_dim=64,
                         time_embed_dim=64, rope_freq_dim=8),
+    # the real model's prompt_embeds width (Qwen3-VL 32B: 5120), so that A->B carries its real bytes per token
+    "text_hidden": 5120,
     "vae": {"decoder_num_layers": 1, "decoder_num_attention_heads": 8, "decoder_attention_head_dim": 64,
             "decoder_ffn_mult": 4},
     "height": 384, "width": 640, "frames": 124, "steps": 4,
 }
+#: the timed request's prompt: 256 tokens (the tiny byte-level tokenizer gives one per byte, and with
+#: ``text_hidden`` 5120 its ``prompt_embeds`` carry the real model's 10 KiB (bf16; 20 KiB here in fp32) per token, as
+#: ../shared/design.md section 2 counts a real request)
+PROMPT = ("a silver robot dances on a wooden table in a warm jazz club at night while an old man plays a slow tune on "
+          "a grand piano; the camera circles the table, candle light flickers on the robot, people at the bar clap "
+          "along and the piano's last chord rings out")
 #: ``--quick``: the tiny checkpoint at a tiny canvas (a smoke run of every step, not a measurement)
 QUICK = {"height": 64, "width": 64, "frames": 124, "steps": 3}
 
@@ -68,13 +76,13 @@ def checkpoint(model: dict = MODEL) -> pathlib.Path:
     """The bench's random checkpoint: the tiny one's components with :data:`MODEL`'s transformer and a larger random
     video VAE decoder (same encoder and latent statistics). Built once into the cache."""
     cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "comfy-h3"
-    tag = "-".join(str(v) for part in ("transformer", "vae") for v in model[part].values())
+    tag = "-".join(str(v) for part in ("transformer", "vae") for v in model[part].values()) + f"-{model['text_hidden']}"
     target = cache / f"bench-two-hosts-h3-{_digest(tag)}"
     if (target / ".complete").is_file():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=cache))
-    build_tiny_checkpoint(tmp, seed=0, formats=False, transformer=model["transformer"])
+    build_tiny_checkpoint(tmp, seed=0, formats=False, transformer=model["transformer"], text_hidden=model["text_hidden"])
     config = {k: v for k, v in json.loads((tmp / "vae" / "config.json").read_text()).items() if not k.startswith("_")}
     config.update(model["vae"])
     torch.manual_seed(0)
@@ -173,8 +181,7 @@ def inner(argv: list[str]) -> int:
         if not sys.stdin.readline():
             return 3
         t0 = time.perf_counter()
-        res = runner.execute(str(WORKFLOW), sets=_sets(shape, parallel, decode_on, 2,
-                                                       "a robot dances on a table while a piano plays"), **run)
+        res = runner.execute(str(WORKFLOW), sets=_sets(shape, parallel, decode_on, 2, PROMPT), **run)
         facts = _request_facts(res, time.perf_counter() - t0)
         print(json.dumps(facts), flush=True)
         return 0
@@ -297,8 +304,10 @@ def run_two_hosts(quick: bool = False, log=print, timeout: float = 540.0) -> dic
            f" heads x {MODEL['transformer']['attention_head_dim']}, hidden {MODEL['transformer']['hidden_size']})")
         + f", video VAE decoder {sizes['vae_decoder_params'] / 1e6:.2f} M"
         + ("" if quick else f" ({MODEL['vae']['decoder_num_layers']} layers x "
-           f"{MODEL['vae']['decoder_num_attention_heads'] * MODEL['vae']['decoder_attention_head_dim']})")
-        + f"; {shape['width']}x{shape['height']}x{shape['frames']}, {shape['steps']} steps, fp32")
+           f"{MODEL['vae']['decoder_num_attention_heads'] * MODEL['vae']['decoder_attention_head_dim']}), text "
+           f"encoder width {MODEL['text_hidden']}")
+        + f"; {shape['width']}x{shape['height']}x{shape['frames']}, {shape['steps']} steps, fp32, a "
+        f"{len(PROMPT.encode())}-byte prompt")
     tmp = tempfile.mkdtemp(prefix="h3bth_", dir="/tmp")  # short: Ray's socket paths stay < 108 characters
     hs = Harness(tmp, log)
     left = lambda: max(30.0, timeout - (time.monotonic() - t_start))  # noqa: E731
