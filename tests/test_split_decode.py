@@ -60,12 +60,17 @@ def test_split_decode_refuses_a_foreign_clip_window(a_side):
 
 
 def test_split_decode_share_policy():
-    assert dp.choose_b_clips(7, 1.0, 1.0) == 3  # equal machines: A 4 (it also fetches), B 3
+    assert dp.choose_b_clips(7, 1.0, 1.0) == 3  # equal machines: A 4, B 3 (a tie goes to fewer B clips)
+    assert dp.choose_b_clips(7, 1.0, 1.0, fetch_clip_s=0.2) == 3  # B's 3.6 s hide behind A's 4 s
     assert dp.choose_b_clips(20, 1.0, 1.0) == 10
     assert dp.choose_b_clips(7, 1.0, 2.0) == 2  # a slower B gets fewer clips
     assert dp.choose_b_clips(7, 2.0, 1.0) == 5  # a slower A gives more to B (A 2 x 2 s, B 5 x 1 s)
     assert dp.choose_b_clips(7, 1.0, 50.0) == 0  # far slower: A alone
-    assert dp.choose_b_clips(7, 1.0, 1.0, fetch_clip_s=1.5) == 0  # frames dearer to fetch than to decode: A alone
+    # B's frames cross while A decodes its own: dear frames still pay while they hide behind A's clips (B 2 clips
+    # + 3 s of frames = A's 5 clips), and never once they cost more than the clips themselves
+    assert dp.choose_b_clips(7, 1.0, 1.0, fetch_clip_s=1.5) == 2
+    assert dp.predicted_s(7, 2, 1.0, 1.0, fetch_clip_s=1.5) == pytest.approx(5.0)
+    assert dp.choose_b_clips(7, 1.0, 1.0, fetch_clip_s=7.0) == 0  # frames dearer than A alone: A alone
     clock = dp.ClipClock()
     clock.add("A", 4, 2.0, 100, 100)
     assert clock.clip_s("A", 200, 100) == pytest.approx(1.0)  # scales with the canvas
@@ -254,6 +259,65 @@ def test_split_decode_cancel_stops_both_sides(local_split, media):
             ray.get(captured[0][-1], timeout=30)  # B stopped before its first clip
     finally:
         local_split.bclient.start_share = start
+
+
+def _share_task():
+    """B's share as a plain Ray task on the B node: clips 4-6 of a 7-clip request (each a (1, 3, 2, 32, 48) clip
+    whose value is its index), then B's record; the clips come after ``delay`` seconds."""
+    import ray
+
+    from comfy_h3_nodes.cluster.ray_cluster import ROLE_B
+
+    @ray.remote(num_cpus=0, resources={ROLE_B: 0.01}, num_returns=4, max_retries=0)
+    def share(request_id: str, delay: float):
+        time.sleep(delay)
+        clips = [wire.DecodedClip(request_id, i, 7, wire.WireTensor.from_torch(torch.full((1, 3, 2, 32, 48), float(i))))
+                 for i in (4, 5, 6)]
+        return (*clips, {"clip_s": [0.0, 0.0, 0.0]})
+
+    return share
+
+
+def test_split_decode_b_frames_cross_while_a_decodes_its_own(ray_cluster):
+    """B's share done while A still decodes clips 0-3: its frames are pulled into A's store in the background, so
+    the blend finds each one there and waits for none of them; the transfer is still timed (``fetch_s``)."""
+    from comfy_h3_nodes.engine.executor.handoff import ShareReceiver
+
+    refs = list(_share_task().remote("pre-1", 0.0))
+    share = ShareReceiver(refs, 4, 32, 48, timeout=30, request_id="pre-1")
+    try:
+        assert [share(i) for i in range(4)] == [None] * 4  # A's own clips
+        deadline = time.monotonic() + 30  # "A decodes its clips": until the pull is over, bounded
+        while len(share.prefetched) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert share.prefetched == [4, 5, 6] and not share.failure
+        assert share.record == {"clip_s": [0.0, 0.0, 0.0]}
+        for i in (4, 5, 6):
+            assert torch.equal(share(i), torch.full((1, 3, 2, 32, 48), float(i)))
+        assert share.fetch_wait_s == 0.0 and share.fetch_s > 0  # crossed in the background, before it was asked
+        assert share.received == [4, 5, 6] and share.bytes == 3 * 3 * 2 * 32 * 48 * 4
+    finally:
+        share.close()
+    assert not share._thread.is_alive()
+
+
+def test_split_decode_share_receiver_stops_on_close_and_on_cancel(ray_cluster):
+    """A decode that ends (or is cancelled) while B's share is still running stops the background pull at once,
+    however long the bound; a cancel makes the blend's wait return for the cancel to be raised."""
+    from comfy_h3_nodes.engine.executor.handoff import ShareReceiver
+
+    share = ShareReceiver(list(_share_task().remote("pre-2", 20.0)), 4, 32, 48, timeout=600, request_id="pre-2")
+    share.close()  # its join is bounded (5 s): a pull that ignored the stop would still be alive
+    assert not share._thread.is_alive() and not share.failure
+    cancelled = threading.Event()
+    share = ShareReceiver(list(_share_task().remote("pre-3", 20.0)), 4, 32, 48, timeout=600, request_id="pre-3",
+                          should_cancel=cancelled.is_set)
+    threading.Timer(0.3, cancelled.set).start()
+    try:
+        assert share(4) is None and not share.failure  # returned for the cancel, not a lost share
+    finally:
+        share.close()
+    assert not share._thread.is_alive()
 
 
 def test_split_decode_b_killed_during_share_a_decodes_its_clips(local_split, tiny_ckpt, media):

@@ -66,6 +66,7 @@ class EncoderActorImpl(ResidentActorMixin):
         try:
             media, recs = self.side.decode_split_recorded(latents, share, cancelled, self.node_ip, validated=True)
         finally:
+            share.close()
             self._cancelled.discard(request_id)
         return media, [b_to_a, *recs]
 

@@ -346,14 +346,16 @@ class ASide:
         note = f"split decode: A clips {_span(a_clips)}, B clips {_span(list(range(b0, n)))} of {n}"
         if took_over:
             note += f"; B's share was lost ({share.failure}): A decoded B's clips {_span(took_over)} itself"
-        compute = media.timings["decode_s"] - share.producer_wait_s - share.fetch_s - share.materialize_s
+        # B's frames crossed in the background; the blend waited only for the part not hidden behind A's clips
+        compute = media.timings["decode_s"] - share.producer_wait_s - share.fetch_wait_s - share.materialize_s
         a_rec = StageRecord(latents.request_id, "decode", "A", node, w0, time.time(),
                             producer_wait_s=share.producer_wait_s, fetch_s=share.fetch_s,
                             materialize_s=share.materialize_s, compute_s=max(compute, 0.0),
                             bytes={**_media_bytes(media), "b_frames": int(share.bytes)}, note=note,
                             info={"decode_on": "A+B", "clips": n, "a_clips": [0, b0], "b_clips": [b0, n],
                                   "a_decoded": list(served.decoded), "b_received": list(share.received),
-                                  "a_clip_s": [round(x, 5) for x in served.decoded_s], "b_lost": share.failure})
+                                  "a_clip_s": [round(x, 5) for x in served.decoded_s], "b_lost": share.failure,
+                                  "b_frames_wait_s": round(share.fetch_wait_s, 4)})
         return media, [a_rec] + ([share.record] if share.record is not None else [])
 
 

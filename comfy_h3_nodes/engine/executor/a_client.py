@@ -121,6 +121,7 @@ class LocalA:
             return await asyncio.to_thread(self.side.decode_split_recorded, latents, share, cancelled, self.node,
                                            True)
         finally:
+            share.close()
             self.cancelled.discard(rid)
 
     def decoder_info(self) -> dict:

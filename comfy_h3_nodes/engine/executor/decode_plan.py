@@ -7,8 +7,9 @@ side's measured seconds per clip (:class:`ClipClock`, fed by :meth:`DecodePlanne
 Output: a :class:`DecodePlan` whose ``why`` is the sentence every decode record carries.
 
 The share (:func:`choose_b_clips`): B decodes the last ``k`` clips, A the first ``n - k`` and then blends, so A's own
-clips never wait for B's; ``k`` minimises the predicted finish ``max(A's clips, B's clips - B's lead) + fetching
-B's frames``: a slower side gets fewer clips.
+clips never wait for B's; ``k`` minimises the predicted finish ``max(A's clips, B's clips - B's lead + fetching
+B's frames)`` (A pulls B's frames while it still decodes its own: only a B that ends after A makes A wait for
+them): a slower side gets fewer clips.
 """
 
 from __future__ import annotations
@@ -36,11 +37,10 @@ class DecodePlan:
 def choose_b_clips(n: int, a_clip_s: float, b_clip_s: float, b_lead_s: float = 0.0,
                    fetch_clip_s: float = 0.0) -> int:
     """How many of the ``n`` clips B decodes (the last ones): the ``k`` with the earliest predicted end of the
-    blend, ``max((n - k) * a_clip_s, k * b_clip_s - b_lead_s) + k * fetch_clip_s`` (A decodes its clips, waits for
-    B's, fetches them); ties go to fewer B clips."""
+    clips, :func:`predicted_s`; ties go to fewer B clips."""
     best_k, best_t = 0, float("inf")
     for k in range(n + 1):
-        t = max((n - k) * a_clip_s, k * b_clip_s - b_lead_s) + k * fetch_clip_s
+        t = predicted_s(n, k, a_clip_s, b_clip_s, b_lead_s, fetch_clip_s)
         if t < best_t - 1e-12:
             best_k, best_t = k, t
     return best_k
@@ -48,7 +48,9 @@ def choose_b_clips(n: int, a_clip_s: float, b_clip_s: float, b_lead_s: float = 0
 
 def predicted_s(n: int, k: int, a_clip_s: float, b_clip_s: float, b_lead_s: float = 0.0,
                 fetch_clip_s: float = 0.0) -> float:
-    return max((n - k) * a_clip_s, k * b_clip_s - b_lead_s) + k * fetch_clip_s
+    """When A holds every clip: its own ``n - k``, and B's ``k`` once B decoded them and they crossed (A pulls them
+    while it decodes its own, so the crossing costs A time only when B ends after A)."""
+    return max((n - k) * a_clip_s, k * b_clip_s - b_lead_s + k * fetch_clip_s)
 
 
 class ClipClock:

@@ -11,6 +11,7 @@ Every wait is bounded by the caller's timeout; a producer that failed is named w
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Callable
 
@@ -64,8 +65,13 @@ class ShareReceiver:
     ``start``, ``start + 1``, ..., then B's decode record). Called with a clip index (``split_decode.serve_clips``
     asks for every clip in order), it returns B's clip as a tensor, or ``None`` for A to decode that clip itself:
     for clips before ``start`` (A's share) and, once B's share failed (B's actor died, B was cancelled, a bounded
-    wait ran out), for every clip of it; ``failure`` then says why. B's record lands in ``record``; the producer
-    wait, fetch and materialisation of B's frames are timed apart."""
+    wait ran out), for every clip of it; ``failure`` then says why. B's record lands in ``record``.
+
+    B's frames are pulled in the background from the moment B's share is done, so they cross the link while A still
+    decodes its own clips (the blend asks for B's first clip only after A's last). Timed apart on A's clock:
+    ``producer_wait_s`` (the blend waited for B to finish), ``fetch_s`` (the frames' transfer, wherever it fell),
+    ``fetch_wait_s`` (the part of the transfer the blend waited for; the rest was hidden behind A's clips) and
+    ``materialize_s``. Every wait is polled (``poll``) against the bound, the cancel and :meth:`close`."""
 
     def __init__(self, refs: list, start: int, height: int, width: int, timeout: float, request_id: str,
                  should_cancel=None, poll: float = 0.05):
@@ -74,60 +80,111 @@ class ShareReceiver:
         self.timeout, self.request_id, self.should_cancel, self.poll = timeout, request_id, should_cancel, poll
         self.record = None
         self.failure = ""
-        self.producer_wait_s = self.fetch_s = self.materialize_s = 0.0
+        self.producer_wait_s = self.fetch_s = self.fetch_wait_s = self.materialize_s = 0.0
         self.bytes = 0
         self.received: list[int] = []
+        self._clips: dict[int, object] = {}
+        self._done = threading.Event()  # B's share is over for A: every clip fetched, or the share failed
+        self._b_ready = threading.Event()  # B finished its share (its record is ready)
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._prefetch, name=f"h3-share-{request_id}", daemon=True)
+        self._thread.start()
 
+    # ------------------------------------------------------------------------------------------ the background pull
     def _fail(self, why: str) -> None:
-        self.failure = why
-        log.warning("[%s] B's decode share is lost (%s); A decodes clips %d-%d itself", self.request_id, why,
-                    self.start, self.start + len(self.clip_refs) - 1)
+        with self._cond:
+            if not self.failure:
+                self.failure = why
+                log.warning("[%s] B's decode share is lost (%s); A decodes clips %d-%d itself", self.request_id,
+                            why, self.start, self.start + len(self.clip_refs) - 1)
+            self._cond.notify_all()
 
-    def _await_b(self) -> bool:
-        t0 = time.perf_counter()
+    def _stopped(self) -> bool:
+        return self._stop.is_set() or (self.should_cancel is not None and self.should_cancel())
+
+    def _wait_ready(self, ref, fetch_local: bool, what: str) -> bool:
+        """Poll ``ref`` until it is ready (``fetch_local``: in A's store); False on stop, cancel or the bound."""
         deadline = time.monotonic() + self.timeout
+        while True:
+            ready, _ = ray.wait([ref], timeout=self.poll, fetch_local=fetch_local)
+            if ready:
+                return True
+            if self._stopped():
+                return False
+            if time.monotonic() > deadline:
+                self._fail(f"{what} within {self.timeout:.0f} s")
+                return False
+
+    def _prefetch(self) -> None:
         try:
-            while True:
-                ready, _ = ray.wait([self.record_ref], timeout=self.poll, fetch_local=False)
-                if ready:
-                    break
-                if self.should_cancel is not None and self.should_cancel():
-                    return False  # the blend raises the cancel at its next clip
-                if time.monotonic() > deadline:
-                    self._fail(f"B did not finish its share within {self.timeout:.0f} s")
-                    return False
+            if not self._wait_ready(self.record_ref, False, "B did not finish its share"):
+                return
             self.record = ray.get(self.record_ref, timeout=self.timeout)
-        except ray.exceptions.RayError as exc:
+            self._b_ready.set()
+            for j, ref in enumerate(self.clip_refs):
+                t0 = time.perf_counter()
+                got = self._wait_ready(ref, True, f"B's clip {self.start + j} did not reach A")
+                clip = ray.get(ref, timeout=self.timeout) if got else None  # in A's store now: no wait left
+                self.fetch_s += time.perf_counter() - t0
+                if clip is None:
+                    return
+                with self._cond:
+                    self._clips[self.start + j] = clip
+                    self.clip_refs[j] = None  # A holds the frames now; B's copy can go
+                    self._cond.notify_all()
+        except ray.exceptions.RayError as exc:  # B's actor died, its share failed, the object was lost with B
             inner = unwrap_ray_error(exc)
             self._fail(f"{type(exc).__name__}: {str(inner).strip().splitlines()[0] if str(inner).strip() else ''}")
-            return False
         finally:
-            self.producer_wait_s += time.perf_counter() - t0
-        return True
+            self._b_ready.set()
+            self._done.set()
+            with self._cond:
+                self._cond.notify_all()
 
+    @property
+    def prefetched(self) -> list[int]:
+        """B's clips on A already, not yet handed to the blend."""
+        with self._cond:
+            return sorted(self._clips)
+
+    def close(self) -> None:
+        """Stop the background pull (the decode ended, failed or was cancelled) and wait for it, bounded."""
+        self._stop.set()
+        self._thread.join(timeout=max(5.0, 4 * self.poll))
+
+    # ------------------------------------------------------------------------------------------ the blend's provider
     def __call__(self, index: int):
-        if index < self.start or self.failure:
-            return None
-        if self.record is None and not self._await_b():
+        if index < self.start:
             return None
         t0 = time.perf_counter()
-        try:
-            clip = ray.get(self.clip_refs[index - self.start], timeout=self.timeout)
-        except ray.exceptions.RayError as exc:  # the object was lost with B's node
-            self._fail(f"clip {index}: {type(exc).__name__}")
+        b_done_at = None
+        with self._cond:
+            while index not in self._clips and not self.failure and not self._done.is_set():
+                if self._stopped():
+                    break  # the blend raises the cancel at its next clip
+                if b_done_at is None and self._b_ready.is_set():
+                    b_done_at = time.perf_counter()
+                self._cond.wait(self.poll)
+            clip = self._clips.pop(index, None)
+        t1 = time.perf_counter()
+        if b_done_at is None:
+            b_done_at = t1
+        self.producer_wait_s += b_done_at - t0  # the blend waited for B to finish its share
+        self.fetch_wait_s += t1 - b_done_at  # ... then for its frames to cross
+        if clip is None:
+            if not self.failure and not self._stopped():
+                self._fail(f"clip {index} never came from B's share")
             return None
-        finally:
-            self.fetch_s += time.perf_counter() - t0
         clip.validate(self.height, self.width)
         if clip.index != index or clip.request_id != self.request_id:
             raise HandoffError(f"A asked B's share for clip {index} of request {self.request_id} and received clip "
                                f"{clip.index} of request {clip.request_id}.")
-        t1 = time.perf_counter()
+        t2 = time.perf_counter()
         tensor = clip.frames.to_torch()
-        self.materialize_s += time.perf_counter() - t1
+        self.materialize_s += time.perf_counter() - t2
         self.bytes += clip.nbytes
         self.received.append(index)
-        self.clip_refs[index - self.start] = None  # A holds the frames now; B's copy can go
         return tensor
 
 

@@ -22,9 +22,9 @@ needs them without running the loop; the check above compares them with diffuser
 cross-fade itself is diffusers' code, never restated here.
 
 The share policy (:mod:`comfy_h3_nodes.engine.executor.decode_plan`, :func:`choose_b_clips` there): B decodes the last ``k`` clips, A the first ``n - k`` and then blends, so
-A's own clips never wait for B's; ``k`` minimises the predicted finish ``max(A's clips, B's clips - B's lead) +
-fetching B's frames`` from each side's measured seconds per clip (:class:`ClipClock`): a slower side gets fewer
-clips.
+A's own clips never wait for B's; ``k`` minimises the predicted finish ``max(A's clips, B's clips - B's lead +
+fetching B's frames)`` (A pulls B's frames while it decodes its own) from each side's measured seconds per clip
+(:class:`ClipClock`): a slower side gets fewer clips.
 """
 
 from __future__ import annotations

@@ -163,6 +163,10 @@ def _request_facts(result, wall: float) -> dict:
             "save_s": round(sum(r["compute_s"] for r in by.get("save", [])), 4),
             "handoffs": handoffs,
             "decode_note": next((r["note"] for r in dec_a), ""),
+            # each side's share of the decode on its own clock: what a split lost against its clip shares
+            "decode_records": [{k: r.get(k) for k in ("machine", "start", "end", "compute_s", "producer_wait_s",
+                                                       "fetch_s", "materialize_s", "info")}
+                               for r in by.get("decode", [])],
             "denoise_info": {k: v for k, v in (den[0]["info"] if den else {}).items()
                              if k in ("method", "rows", "ranks", "world")},
             "videos": [str(v) for v in result.videos()]}
