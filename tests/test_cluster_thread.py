@@ -1,6 +1,7 @@
 """The embedded cluster starts from a thread that is not the main one, as ComfyUI runs nodes on its prompt worker
-thread (Ray's node start registers a SIGTERM handler, which only the main thread may do), and its raylets go away
-with the process that started them.
+thread (Ray's node start registers a SIGTERM handler, which only the main thread may do), it outlives that thread
+(Linux sends Ray's parent-death SIGKILL when the thread that started a process ends: a cluster started from a thread
+that then ended lost its GCS and raylets at once), and its raylets go away with the process that started them.
 
 Runs in a subprocess: the test session may already have its own Ray cluster initialised in this process.
 """
@@ -35,6 +36,14 @@ SCRIPT = textwrap.dedent("""
     assert not t.is_alive(), "the cluster did not start within 240 s"
     assert "error" not in out, out.get("error")
     print("A", out["topology"]["A"]["ip"], "B", out["topology"]["B"]["ip"], flush=True)
+    import ray
+
+    @ray.remote(num_cpus=0, resources={cl.ROLE_B: 1})
+    def where():
+        return ray.util.get_node_ip_address()
+
+    # the starting thread has ended: the cluster still runs a task on B (its processes were not SIGKILLed with it)
+    print("after the thread", ray.get(where.remote(), timeout=120), flush=True)
     out["cluster"].shutdown()
     print("done", flush=True)
 """)
@@ -52,5 +61,5 @@ def test_embedded_cluster_starts_off_the_main_thread():
             os.killpg(proc.pid, 9)
             proc.wait(timeout=30)
     assert proc.returncode == 0, out[-3000:]
-    assert "A 127.0.0.2 B 127.0.0.3" in out and "done" in out, out[-3000:]
+    assert "A 127.0.0.2 B 127.0.0.3" in out and "after the thread 127.0.0.3" in out and "done" in out, out[-3000:]
     assert "signal only works in main thread" not in out

@@ -14,6 +14,8 @@ turns token authentication on by default for ``ray start``: this module exists s
   cluster's whole process tree in milliseconds, where Ray's own exit hooks stop one process at a time (7-8 s here).
   Ray's SIGTERM handlers (which exit without calling the host's) and abseil's native stack trace on SIGTERM are
   taken out again after the cluster starts.
+* Off the main thread, the cluster's processes are started from one daemon thread that lives as long as the process
+  (:class:`_NodeStarter`): Linux sends Ray's parent-death signal when the starting *thread* ends.
 """
 
 from __future__ import annotations
@@ -186,6 +188,59 @@ def connect(address: str, namespace: str = NAMESPACE, token_file: str | None = N
         ray.init(**kwargs)
     if time.monotonic() - t0 > timeout:
         raise ClusterError(f"joining Ray at {address} took {time.monotonic() - t0:.0f} s, over {timeout:.0f} s.")
+
+
+class _NodeStarter:
+    """The one thread that starts every Ray process of this process's embedded clusters when the caller is not the
+    main thread. Ray gives each process it starts the parent-death signal (``PR_SET_PDEATHSIG``: SIGKILL), and Linux
+    sends it when the *thread* that started the process ends, not the process: a cluster started from a thread that
+    then ended (a helper, a test's thread) lost its GCS and raylets at once, and the driver's GCS client ended the
+    process 60 s later. This thread is a daemon that waits for work for as long as the process lives, so the cluster
+    still dies with the process (its parent-death signal, and the exit hooks) and never with the caller's thread."""
+
+    START_BOUND_S = 600.0  # a node start is bounded by Ray's own waits (tens of seconds); this only catches a wedge
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._jobs: list = []
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def run(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` on the main thread as is, else on this thread; its result or its exception."""
+        if threading.current_thread() is threading.main_thread():
+            return fn(*args, **kwargs)
+        done = threading.Event()
+        box: dict = {}
+        with self._wake:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="h3-ray-nodes", daemon=True)
+                self._thread.start()
+            self._jobs.append((fn, args, kwargs, box, done))
+            self._wake.notify()
+        if not done.wait(self.START_BOUND_S):
+            raise ClusterError(f"starting a Ray node of the embedded cluster took over {self.START_BOUND_S:.0f} s; "
+                               "see Ray's logs (/tmp/ray/session_latest/logs) for the process that did not start")
+        if "error" in box:
+            raise box["error"]
+        return box.get("result")
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._jobs:
+                    self._wake.wait()
+                fn, args, kwargs, box, done = self._jobs.pop(0)
+            try:
+                with _ray_nodes_off_main_thread():
+                    box["result"] = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
+                box["error"] = exc
+            finally:
+                done.set()
+
+
+_node_starter = _NodeStarter()
 
 
 @contextlib.contextmanager
@@ -370,10 +425,9 @@ class EmbeddedCluster:
         if self.system_config:
             head_args["_system_config"] = self.system_config
         with _sigterm_kept():
-            with _ray_nodes_off_main_thread():
-                self._cluster = Cluster(initialize_head=True, head_node_args=head_args)
-                _track(self)
-                self.b_node = self.add_b_node()
+            self._cluster = _node_starter.run(Cluster, initialize_head=True, head_node_args=head_args)
+            _track(self)
+            self.b_node = self.add_b_node()
             ray.init(address=self._cluster.address, namespace=self.namespace, _node_ip_address=A_IP,
                      log_to_driver=False)
         install_exit_hooks()  # on the main thread; the pack's import did it for ComfyUI's worker thread
@@ -381,8 +435,8 @@ class EmbeddedCluster:
 
     def add_b_node(self, ip: str = B_IP, num_cpus: int | None = None):
         """A raylet with role B at ``ip`` (another DiT machine of a pool: 127.0.0.4, ...); returns Ray's node."""
-        with _sigterm_kept(), _ray_nodes_off_main_thread():
-            return self._add_b_node(ip, num_cpus)
+        with _sigterm_kept():
+            return _node_starter.run(self._add_b_node, ip, num_cpus)
 
     def _add_b_node(self, ip: str = B_IP, num_cpus: int | None = None):
         node = self._cluster.add_node(resources={ROLE_B: ROLE_UNITS}, node_ip_address=ip,
