@@ -214,6 +214,23 @@ def test_setup_prints_preflight_and_the_node_values(cluster):
                                        "dtype": "float32", "attention_backend": "sdpa"}
 
 
+def test_both_nodes_send_objects_in_1_mib_chunks(cluster):
+    """The docs' two commands start each raylet with the pack's object-manager chunk (1 MiB, not Ray's 5 MiB)."""
+    import psutil
+
+    from comfy_h3_nodes.cluster import ray_node as rn
+
+    for side in ("ra", "rb"):
+        raylets = [p for p in rn.node_processes(os.path.join(cluster["tmp"], side)) if p.name() == "raylet"]
+        assert len(raylets) == 1, (side, raylets)
+        try:
+            env = raylets[0].environ()
+        except psutil.Error as exc:
+            pytest.fail(f"cannot read the environment of {side}'s raylet: {exc}")
+        assert env.get("RAY_object_manager_default_chunk_size") == str(1 << 20), (side, env.get(
+            "RAY_object_manager_default_chunk_size"))
+
+
 def test_driver_on_a_runs_a_request_through_the_named_actor(cluster):
     script = os.path.join(cluster["tmp"], "driver.py")
     with open(script, "w") as f:
