@@ -27,6 +27,7 @@ import ipaddress
 import logging
 import os
 import pathlib
+import queue
 import signal
 import socket
 import sys
@@ -201,23 +202,20 @@ class _NodeStarter:
     START_BOUND_S = 600.0  # a node start is bounded by Ray's own waits (tens of seconds); this only catches a wedge
 
     def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._jobs: list = []
-        self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
 
     def run(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` on the main thread as is, else on this thread; its result or its exception."""
         if threading.current_thread() is threading.main_thread():
             return fn(*args, **kwargs)
-        done = threading.Event()
-        box: dict = {}
-        with self._wake:
+        with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="h3-ray-nodes", daemon=True)
                 self._thread.start()
-            self._jobs.append((fn, args, kwargs, box, done))
-            self._wake.notify()
+        done, box = threading.Event(), {}
+        self._jobs.put((fn, args, kwargs, box, done))
         if not done.wait(self.START_BOUND_S):
             raise ClusterError(f"starting a Ray node of the embedded cluster took over {self.START_BOUND_S:.0f} s; "
                                "see Ray's logs (/tmp/ray/session_latest/logs) for the process that did not start")
@@ -227,10 +225,7 @@ class _NodeStarter:
 
     def _loop(self) -> None:
         while True:
-            with self._wake:
-                while not self._jobs:
-                    self._wake.wait()
-                fn, args, kwargs, box, done = self._jobs.pop(0)
+            fn, args, kwargs, box, done = self._jobs.get()
             try:
                 with _ray_nodes_off_main_thread():
                     box["result"] = fn(*args, **kwargs)

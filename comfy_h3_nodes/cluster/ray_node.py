@@ -347,9 +347,9 @@ def stop_node(temp_dir: str, grace: float = 6.0) -> tuple[int, list]:
     return len(procs), left
 
 
-def _transfer_env(env: dict[str, str]) -> dict[str, str]:
-    """:data:`TRANSFER_ENV` less what the caller's or this process's environment sets itself."""
-    return {k: v for k, v in TRANSFER_ENV.items() if k not in env and k not in os.environ}
+def _transfer_env() -> dict[str, str]:
+    """:data:`TRANSFER_ENV` less what this process's environment sets itself (the caller's ``env`` comes after)."""
+    return {k: v for k, v in TRANSFER_ENV.items() if k not in os.environ}
 
 
 def ray_start(args: list[str], env: dict[str, str], temp_dir: str, log_path: pathlib.Path,
@@ -364,7 +364,7 @@ def ray_start(args: list[str], env: dict[str, str], temp_dir: str, log_path: pat
         log.flush()
         try:
             rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_child_env({**_transfer_env(env), **PARTITION_ENV, **env,
+                                env=_child_env({**_transfer_env(), **PARTITION_ENV, **env,
                                                 MARKER_ENV: str(temp_dir)}),
                                 timeout=timeout).returncode
         except subprocess.TimeoutExpired:
