@@ -30,3 +30,41 @@ def test_resample_mono_same_rate_and_bad_shape():
     assert resample_audio(mono, 32000, 16000).shape[0] == 1
     with pytest.raises(ValueError, match=r"expected \[1 or 2 channels, samples\]"):
         resample_audio(np.zeros((3, 100), np.float32), 32000, 16000)
+
+
+# ---------------------------------------------------------------------------------------------------- MP4 frames
+def test_mp4_frames_become_8_bit_one_at_a_time(tmp_path):
+    """The video is made 8-bit frame by frame as it is encoded (the whole video at once held three float copies of
+    it: 2 s and 1 GB for 124 frames of 640x384): the same values as clipping, scaling and rounding the whole video,
+    and no float copy of the whole video while the MP4 is written."""
+    import tracemalloc
+
+    import av
+    import torch
+
+    from comfy_h3_nodes.engine.media import _uint8, write_mp4
+
+    g = np.random.default_rng(0)
+    ramp = np.linspace(-0.2, 1.2, 128, dtype=np.float32)  # smooth (H.264 keeps it), out of range at both ends
+    video = (ramp[None, None, :, None] + np.arange(24, dtype=np.float32)[:, None, None, None] / 100
+             + g.normal(0, 0.002, size=(24, 96, 128, 3))).astype(np.float32)
+    video[0, 0, :8, 0] = [0.5 / 255, 1.5 / 255, 254.5 / 255, 0.0, 1.0, -1.0, 2.0, 0.49999]
+    whole = np.round(np.clip(video, 0.0, 1.0) * 255.0).astype(np.uint8)
+    assert np.array_equal(np.stack([_uint8(f) for f in video]), whole)
+    assert np.array_equal(np.stack([_uint8(f) for f in torch.from_numpy(video).to(torch.bfloat16)]),
+                          np.round(np.clip(torch.from_numpy(video).to(torch.bfloat16).float().numpy(), 0, 1) * 255)
+                          .astype(np.uint8))  # bf16 frames (NumPy has no bf16) go through float32
+    audio = {"waveform": np.zeros((2, 4000), np.float32), "sample_rate": 16000}
+    tracemalloc.start()
+    try:
+        write_mp4(tmp_path / "v.mp4", video, audio, 24)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < video.nbytes / 4, (peak, video.nbytes)
+    with av.open(str(tmp_path / "v.mp4")) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    assert len(frames) == 24 and frames[5].shape == (96, 128, 3)
+    assert np.abs(frames[5].astype(int) - whole[5]).mean() < 3  # H.264 at crf 18: near, not equal
+    with pytest.raises(ValueError, match=r"images have shape \(24, 96, 128\); expected \[frames, H, W, 3\]"):
+        write_mp4(tmp_path / "w.mp4", video[..., 0], audio, 24)
