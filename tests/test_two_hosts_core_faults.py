@@ -119,10 +119,10 @@ def test_two_hosts_core_model_qsfp_link_down_mid_sampling_and_b_keeps_its_model(
     print(f"[two hosts] core graph, link back after {down_s} s: the next prompt done {recovered:.1f} s later; B pid "
           f"{before['pid']} -> {after['pid']}, loads {before['loads']} -> {after['loads']}; /system_stats slowest "
           f"{outage:.2f} s while the link was down ({watch.worst():.2f} s over the test, {len(watch.times)} asks; "
-          "A's one core shared with the head, the machine with 3 other developers)")
+          f"A's one core shared with the head; load average {os.getloadavg()[0]:.2f})")
     assert after["pid"] == before["pid"] and after["loads"] == before["loads"], (before, after)
-    # the 1 s, as tests/test_two_hosts_faults.py asserts it on A's shared core: ComfyUI never stops answering
-    assert outage <= 3.0, outage
+    assert len([t for t, _ in watch.times if cut.at <= t <= t_up]) >= down_s // 2, watch.times  # throughout
+    assert outage <= 1.0, outage
 
 
 def test_two_hosts_core_model_parallel_a_plus_b_with_the_qsfp_link_down(pair, hosts, tiny_ckpt):

@@ -10,6 +10,7 @@ error and to the recovery are printed. Each outage is bounded.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import urllib.request
@@ -28,28 +29,45 @@ def _b(server) -> dict:
     return b
 
 
-class StatsWatch:
-    """``/system_stats`` asked every 0.5 s from a thread: each answer's (start, seconds); a failed one counts 99 s."""
+#: the probe: its own process, so the test's threads (the websocket loop) never delay an answer it times
+_PROBE = r"""
+import sys, time, urllib.request
+url, end = sys.argv[1], time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            r.read()
+        took = time.monotonic() - t0
+    except OSError:
+        took = 99.0
+    print(f"{t0:.4f} {took:.4f}", flush=True)
+    time.sleep(0.5)
+"""
 
-    def __init__(self, server):
-        self.url, self.times, self.stop = f"{server.base}/system_stats", [], threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+class StatsWatch:
+    """``/system_stats`` asked every 0.5 s by a probe process of its own (bounded: ``limit_s``): each answer's
+    (start, seconds) on the system's monotonic clock; a failed one counts 99 s."""
+
+    def __init__(self, server, limit_s: float = 900.0):
+        import subprocess
+        import sys
+
+        self.times: list[tuple[float, float]] = []
+        self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, f"{server.base}/system_stats", str(limit_s)],
+                                     stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
-    def _loop(self):
-        while not self.stop.is_set():
-            t0 = time.monotonic()
-            try:
-                with urllib.request.urlopen(self.url, timeout=5) as r:
-                    r.read()
-                took = time.monotonic() - t0
-            except OSError:
-                took = 99.0
-            self.times.append((t0, took))
-            self.stop.wait(0.5)
+    def _read(self):
+        for line in self.proc.stdout:
+            t, took = line.split()
+            self.times.append((float(t), float(took)))
 
     def close(self) -> None:
-        self.stop.set()
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
         self.thread.join(timeout=10)
 
     def worst(self, t0: float = 0.0, t1: float = float("inf")) -> float:
@@ -107,11 +125,10 @@ def test_two_hosts_qsfp_link_down_mid_denoise_and_b_keeps_its_model(pair, hosts,
     print(f"[two hosts] link back after {down_s} s: the next prompt done {recovered:.1f} s later; B pid "
           f"{before['pid']} -> {after['pid']}, loads {before['loads']} -> {after['loads']}; /system_stats slowest "
           f"{outage:.2f} s while the link was down ({watch.worst():.2f} s over the whole test, {len(watch.times)} asks; "
-          "A's one core shared with the head and the LAN host, the machine with 3 other developers)")
+          f"A's one core shared with the head and the LAN host; load average {os.getloadavg()[0]:.2f})")
     assert after["pid"] == before["pid"] and after["loads"] == before["loads"], (before, after)
-    # the issue's goal is 1 s (met: 0.36 s); on A's one core, shared with the head and the machine's 3 other
-    # developers, a starved loop took 1.1 s once: asserted is that ComfyUI never stops answering while B is cut off
-    assert outage <= 3.0, outage
+    assert len([t for t, _ in watch.times if cut["at"] <= t <= t_up]) >= down_s // 2, watch.times  # throughout
+    assert outage <= 1.0, outage
 
 
 def _denoise(messages, pid) -> dict:
