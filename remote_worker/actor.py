@@ -27,7 +27,7 @@ from comfy_h3_nodes.engine.contract.configs import NAMESPACE
 from comfy_h3_nodes.engine.contract.errors import DenoiseCancelled, ModelFolderError
 from comfy_h3_nodes.engine.contract.timing import StageRecord
 from comfy_h3_nodes.engine.executor.handoff import receive, receive_payload
-from comfy_h3_nodes.engine.model import catalog, formats, parallel
+from comfy_h3_nodes.engine.model import catalog, formats, parallel, split_decode
 from comfy_h3_nodes.engine.model.backends import resolve_attention_backend
 from comfy_h3_nodes.engine.process import (ResidentActorMixin, base_health, memory_info, runtime_env,
                                            setup_process)
@@ -242,10 +242,12 @@ class DiTActorImpl(ResidentActorMixin):
 
     # ------------------------------------------------------------------------------------------------ decode share
     @ray.method(concurrency_group="denoise")
-    def decode_share(self, refs: list, request_id: str, start: int, stop: int, wait_timeout: float = 600.0):
+    def decode_share(self, refs: list, request_id: str, start: int, stop: int, wait_timeout: float = 600.0,
+                     first_tile: int = 0):
         """Clips ``[start, stop)`` of a request's video, from its latents in B's own object store (``refs[0]``: the
-        ref ``denoise`` returned, so nothing crosses the link). Returns one ``wire.DecodedClip`` per clip, then B's
-        decode record; the caller sets ``num_returns=stop - start + 1``. A cancel stops it before its next clip."""
+        ref ``denoise`` returned, so nothing crosses the link); with ``first_tile`` > 0 only the tiles of clip
+        ``start`` from that one on. Returns one ``wire.DecodedClip`` per clip, then B's decode record; the caller
+        sets ``num_returns=stop - start + 1``. A cancel stops it before its next clip."""
         t_start = time.time()
         with self._lock:
             self._decoding.add(request_id)
@@ -253,14 +255,18 @@ class DiTActorImpl(ResidentActorMixin):
             if request_id in self._cancelled:
                 raise DenoiseCancelled(f"request {request_id} was cancelled before B's decode share started")
             latents, wait_s, fetch_s = receive(refs[0], wait_timeout, "B", "latents (own)", request_id)
-            share = self.side.decode_share(latents, start, stop, should_cancel=lambda: request_id in self._cancelled)
+            share = self.side.decode_share(latents, start, stop, should_cancel=lambda: request_id in self._cancelled,
+                                           first_tile=first_tile)
             clips = [wire.DecodedClip(request_id, start + j, share.of, wire.WireTensor.from_torch(c))
+                     if not isinstance(c, split_decode.Tiles) else
+                     wire.DecodedClip(request_id, start, share.of, wire.WireTensor.from_torch(c.tiles), c.first)
                      for j, c in enumerate(share.clips)]
             rec = StageRecord(request_id, "decode", "B", self.node_ip, t_start, time.time(), producer_wait_s=wait_s,
                               fetch_s=fetch_s, compute_s=share.compute_s, bytes={"frames": sum(c.nbytes for c in clips)},
-                              note=f"split decode: B clips {start}-{stop - 1} of {share.of}",
-                              info={"clips": [start, stop], "of": share.of,
-                                    "clip_s": [round(x, 5) for x in share.seconds]})
+                              note=f"split decode: B clips {start}-{stop - 1} of {share.of}"
+                              + (f" (clip {start} from tile {first_tile} of {share.tiles})" if first_tile else ""),
+                              info={"clips": [start, stop], "of": share.of, "first_tile": first_tile,
+                                    "tiles": share.tiles, "clip_s": [round(x, 5) for x in share.seconds]})
             log.info("[%s] decoded clips %d-%d of %d in %.3f s", request_id, start, stop - 1, share.of,
                      share.compute_s)
             return (*clips, rec)

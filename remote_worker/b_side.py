@@ -308,11 +308,12 @@ class BSide(ComfySamplerForwards, Releasable):
         return info
 
     def decode_share(self, latents: wire.DenoisedLatents, start: int, stop: int,
-                     should_cancel: Callable[[], bool] | None = None) -> split_decode.Share:
+                     should_cancel: Callable[[], bool] | None = None, first_tile: int = 0) -> split_decode.Share:
         """Clips ``[start, stop)`` of the request's video, decoded with the real VAE (``split_decode``)."""
         if self.vae is None:
             raise RuntimeError(f"B holds no video VAE decoder ({self.decoder_note}).")
-        return split_decode.decode_share(self.vae, latents.latents.to_torch(), start, stop, should_cancel)
+        return split_decode.decode_share(self.vae, latents.latents.to_torch(), start, stop, should_cancel,
+                                         first_tile)
 
     def resident_bytes(self) -> dict[str, int]:
         """B's own accounting: bytes of the parameters and buffers of each resident transformer partition."""

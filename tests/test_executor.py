@@ -79,7 +79,7 @@ def test_health_reports_both_sides(executor):
     health = executor.check_health()
     assert health["A"]["node_ip"] == "127.0.0.2" and health["B"]["node_ip"] == "127.0.0.3"
     assert health["A"]["versions"] == health["B"]["versions"]
-    assert health["A"]["versions"]["wire_schema"] == str(wire.SCHEMA_VERSION) == "6"
+    assert health["A"]["versions"]["wire_schema"] == str(wire.SCHEMA_VERSION) == "7"
     assert set(health["A"]["resident"]) == {"text_encoder", "tokenizer", "processor", "vae", "audio_vae"}
     assert health["B"]["partition"] in health["B"]["resident"]
     assert health["A"]["device"] == "cpu" and health["B"]["memory"]["rss_mb"] > 0

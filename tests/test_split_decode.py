@@ -49,6 +49,47 @@ def test_split_decode_shares_blend_bit_exact(a_side, frames, b_clips):
     assert log.served == list(range(n - b_clips, n)) and log.decoded == list(range(n - b_clips))
 
 
+@pytest.fixture
+def small_tiles(a_side):
+    """The tiny VAE tiled in 48-pixel tiles (16 of overlap): 2 x 3 tiles per clip of a 64x96 canvas."""
+    vae = a_side.vae
+    names = ("tile_sample_min_height", "tile_sample_min_width", "tile_sample_min_overlap_height",
+             "tile_sample_min_overlap_width")
+    saved = [getattr(vae, k) for k in names]
+    for k, v in zip(names, (48, 48, 16, 16)):
+        setattr(vae, k, v)
+    yield vae
+    for k, v in zip(names, saved):
+        setattr(vae, k, v)
+
+
+@pytest.mark.parametrize("first_tile", [1, 4, 5])
+def test_split_decode_share_from_a_tile_blends_bit_exact(a_side, small_tiles, first_tile):
+    """B's share starting inside a clip (its tiles from ``first_tile`` on, then the later clips whole), A decoding
+    the tiles before it and stitching them with diffusers' own code: the frames diffusers' decode gives."""
+    lat = _latents(124)
+    expected = a_side.decode(lat)
+    n = a_side.num_clips(lat)
+    tiles = sd.tiles_for(sd.geometry(small_tiles), 64, 96)
+    assert tiles == 6 == len(sd.tile_inputs(small_tiles, sd.clip_inputs(small_tiles, lat.latents.to_torch())[3]))
+    share = a_side.decode_share(lat, 3, n, first_tile=first_tile)
+    part = share.clips[0]
+    assert isinstance(part, sd.Tiles) and part.first == first_tile and part.tiles.shape[0] == tiles - first_tile
+    clips = {share.start + j: c for j, c in enumerate(share.clips)}
+    media, log = a_side.decode_split(lat, clips.get)
+    assert np.array_equal(media.frames, expected.frames) and np.array_equal(media.audio, expected.audio)
+    assert log.served == [4, 5, 6] and log.decoded == [0, 1, 2, 3] and log.partial == {3: first_tile}
+    # A tiling its clips otherwise than B did (64-pixel columns: 2 x 2 tiles) refuses B's tiles, never stitches them
+    small_tiles.tile_sample_min_width = 64
+    with pytest.raises(sd.SplitDecodeError, match=f"B's tiles of clip 3 \\(from tile {first_tile}, "
+                                                  f"{6 - first_tile} of them\\) do not fit the clip's 4 tiles"):
+        a_side.decode_split(lat, clips.get)
+    small_tiles.tile_sample_min_width = 48
+    with pytest.raises(sd.SplitDecodeError, match="the clip has 6 tiles"):
+        a_side.decode_share(lat, 3, n, first_tile=6)
+    assert "forward" not in small_tiles.decoder.__dict__  # the decoder is the VAE's own again
+
+
 def test_split_decode_refuses_a_foreign_clip_window(a_side):
     """A clip whose input differs from diffusers' own slice is refused, never blended."""
     lat, other = _latents(124, seed=1), _latents(124, seed=2)
@@ -139,6 +180,37 @@ def test_split_decode_auto_policy(executor, media):
         assert executor.plan_decode(64, 64, 124).b_start == 5
         executor.planner.clock.per_mpx["A alone"] = 0.1 * per_mpx
         assert executor.plan_decode(64, 64, 124).mode == "A"
+    finally:
+        executor.planner.min_split_s, executor.planner.clock = old
+
+
+def test_split_decode_shares_meet_inside_a_clip_across_the_cluster(executor, tiny_ckpt, media):
+    """A 96x320 canvas is 2 tiles per clip (diffusers' 256-pixel tiles): with A and B equally fast the shares are
+    balanced in tiles and meet inside clip 3 (A clips 0-2 and tile 0 of clip 3, B tile 1 of it and clips 4-6), its
+    tiles crossing as one wire clip; the frames are diffusers' bit for bit and the clock learns half a clip."""
+    old = executor.planner.min_split_s, executor.planner.clock
+    executor.planner.min_split_s, executor.planner.clock = 1.0, dp.ClipClock()
+    per_mpx = 0.25 / (96 * 320 / 1e6)
+    executor.planner.clock.per_mpx.update({"A alone": per_mpx, "A": per_mpx, "B": per_mpx})
+    try:
+        plan = executor.plan_decode(96, 320, 124)
+        assert (plan.mode, plan.b_start, plan.b_tile, plan.tiles) == ("A+B", 3, 1, 2), plan
+        assert "clip 3 from tile 1 of 2" in plan.why
+        req, _ = workflow_request("t2va", media, height=96, width=320, seed=36)
+        expected = single_process_reference(tiny_ckpt, "t2va", media, height=96, width=320, seed=36)
+        out, records = executor.decode(_job(executor, req))
+        assert np.array_equal(out.frames, expected["videos"][0])
+        a_rec = next(r for r in records if r.stage == "decode" and r.machine == "A")
+        b_rec = next(r for r in records if r.stage == "decode" and r.machine == "B")
+        assert (a_rec.info["b_tile"], a_rec.info["tiles"], a_rec.info["a_decoded"]) == (1, 2, [0, 1, 2, 3])
+        assert "clip 3: A tiles 0-0, B tiles 1-1" in a_rec.note and "clip 3 from tile 1 of 2" in b_rec.note
+        assert (b_rec.info["first_tile"], b_rec.info["clips"]) == (1, [3, 7])
+        # clip 3's one tile (256 wide, 28 frames) and clips 4-6 whole crossed
+        assert a_rec.bytes["b_frames"] == (28 * 96 * 256 + 3 * 28 * 96 * 320) * 3 * 4
+        executor.planner.clock = dp.ClipClock()
+        executor.planner.learn(records, 96, 320, 7)
+        clip_b = b_rec.info["clip_s"]
+        assert executor.planner.clock.clip_s("B", 96, 320) == pytest.approx(sum(clip_b) / 3.5)
     finally:
         executor.planner.min_split_s, executor.planner.clock = old
 

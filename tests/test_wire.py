@@ -478,3 +478,21 @@ def test_summarize_every_payload_is_json(make):
     assert json.loads(text)["request_id"] == p.request_id
     for name in p.tensors():
         assert name.split("[")[0] in s
+
+
+def test_decoded_clip_whole_or_its_tiles_from_one_on():
+    """B's clip of a split decode: the whole clip (1, 3, F, H, W), or (where the shares meet) its tiles from
+    ``first_tile`` on, each no larger than the canvas; anything else is refused in one sentence."""
+    from comfy_h3_nodes.engine.contract.wire import DecodedClip, WireError
+
+    def clip(shape, first=0):
+        return DecodedClip("r", 3, 7, WireTensor("float32", np.zeros(shape, np.float32)), first)
+
+    assert clip((1, 3, 28, 96, 320)).validate(96, 320)
+    assert clip((1, 3, 28, 96, 256), first=1).validate(96, 320)
+    with pytest.raises(WireError, match="clip 3 frames"):
+        clip((1, 3, 28, 96, 256)).validate(96, 320)  # tiles where the whole clip was announced
+    with pytest.raises(WireError, match=r"clip 3's tiles are 96x384, not tiles of the 96x320 canvas"):
+        clip((1, 3, 28, 96, 384), first=1).validate(96, 320)
+    with pytest.raises(WireError, match=r"clip 3's first tile is -1; expected an int >= 0"):
+        clip((1, 3, 28, 96, 256), first=-1).validate(96, 320)

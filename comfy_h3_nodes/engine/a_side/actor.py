@@ -57,12 +57,15 @@ class EncoderActorImpl(ResidentActorMixin):
         return media, [b_to_a, rec]
 
     @ray.method(concurrency_group="decode", num_returns=2)
-    def decode_split(self, refs: list, request_id: str, b_refs: list, b_start: int, wait_timeout: float = 600.0):
-        """Receive B's latents, decode clips ``[0, b_start)`` and blend in B's share (``b_refs``: the returns of B's
-        ``decode_share``, clips ``b_start``..); returns ``(DecodedMedia, [b_to_a, decode on A, decode on B?])``."""
+    def decode_split(self, refs: list, request_id: str, b_refs: list, b_start: int, wait_timeout: float = 600.0,
+                     b_tile: int = 0):
+        """Receive B's latents, decode clips ``[0, b_start)`` (and the tiles of clip ``b_start`` before ``b_tile``)
+        and blend in B's share (``b_refs``: the returns of B's ``decode_share``, clips ``b_start``..); returns
+        ``(DecodedMedia, [b_to_a, decode on A, decode on B?])``."""
         latents, b_to_a = self._receive(refs, request_id, wait_timeout)
         cancelled = lambda: request_id in self._cancelled  # noqa: E731
-        share = ShareReceiver(b_refs, b_start, latents.height, latents.width, wait_timeout, request_id, cancelled)
+        share = ShareReceiver(b_refs, b_start, latents.height, latents.width, wait_timeout, request_id, cancelled,
+                              first_tile=b_tile)
         try:
             media, recs = self.side.decode_split_recorded(latents, share, cancelled, self.node_ip, validated=True)
         finally:

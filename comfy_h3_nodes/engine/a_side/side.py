@@ -290,10 +290,11 @@ class ASide:
         return split_decode.clips_for(self._geometry, latents.latents.shape[2])
 
     def decode_share(self, latents: wire.DenoisedLatents, start: int, stop: int,
-                     should_cancel: Callable[[], bool] | None = None) -> split_decode.Share:
+                     should_cancel: Callable[[], bool] | None = None, first_tile: int = 0) -> split_decode.Share:
         """Clips ``[start, stop)`` decoded with A's VAE (what B's share computes on B)."""
         with self._use, self._decode_lock:
-            return split_decode.decode_share(self.vae, latents.latents.to_torch(), start, stop, should_cancel)
+            return split_decode.decode_share(self.vae, latents.latents.to_torch(), start, stop, should_cancel,
+                                             first_tile)
 
     def decode_split(self, latents: wire.DenoisedLatents, provider: Callable[[int], object | None],
                      should_cancel: Callable[[], bool] | None = None,
@@ -340,10 +341,13 @@ class ASide:
         arrived. The note says what ran where, and when A decoded B's clips itself."""
         w0 = time.time()
         media, served = self.decode_split(latents, share, should_cancel, validated)
-        n, b0 = served.clips, share.start
+        n, b0, b_tile = served.clips, share.start, share.first_tile
         a_clips = [i for i in served.decoded if i < b0]
-        took_over = [i for i in served.decoded if i >= b0]
+        took_over = [i for i in served.decoded if i >= b0 and i not in served.partial]
+        tiles = split_decode.tiles_for(self._geometry, latents.height, latents.width)
         note = f"split decode: A clips {_span(a_clips)}, B clips {_span(list(range(b0, n)))} of {n}"
+        if b_tile:
+            note += f" (clip {b0}: A tiles 0-{b_tile - 1}, B tiles {b_tile}-{tiles - 1})"
         if took_over:
             note += f"; B's share was lost ({share.failure}): A decoded B's clips {_span(took_over)} itself"
         # B's frames crossed in the background; the blend waited only for the part not hidden behind A's clips
@@ -353,6 +357,7 @@ class ASide:
                             materialize_s=share.materialize_s, compute_s=max(compute, 0.0),
                             bytes={**_media_bytes(media), "b_frames": int(share.bytes)}, note=note,
                             info={"decode_on": "A+B", "clips": n, "a_clips": [0, b0], "b_clips": [b0, n],
+                                  "b_tile": b_tile, "tiles": tiles,
                                   "a_decoded": list(served.decoded), "b_received": list(share.received),
                                   "a_clip_s": [round(x, 5) for x in served.decoded_s], "b_lost": share.failure,
                                   "b_frames_wait_s": round(share.fetch_wait_s, 4)})

@@ -39,7 +39,8 @@ from .configs import PARALLEL_METHODS, WORKFLOWS
 #:    tiny preview decoder for H3)
 #: 5: per-forward calls of ComfyUI's samplers (:class:`ForwardContext`, :class:`ForwardCall`, :class:`ForwardResult`)
 #: 6: a :class:`ForwardCall` may carry a :class:`ParallelCall` (one forward of ComfyUI's sampler on a DiT group)
-SCHEMA_VERSION = 6
+#: 7: a :class:`DecodedClip` may carry only the tiles of its clip from ``first_tile`` on (a share meeting mid-clip)
+SCHEMA_VERSION = 7
 
 #: Largest payload either side accepts, in bytes (A->B with nine image references is about 0.7 GB at real scale).
 DEFAULT_MAX_PAYLOAD_BYTES = int(os.environ.get("H3_MAX_PAYLOAD_BYTES", str(1 << 30)))
@@ -482,12 +483,15 @@ class DenoisedLatents:
 @dataclass(frozen=True)
 class DecodedClip:
     """B->A in a split decode: one temporal clip of the video VAE, decoded on B (``split_decode``): the raw
-    ``_decode_clip`` output (1, 3, frames, height, width) in the VAE's compute dtype, clip ``index`` of ``of``."""
+    ``_decode_clip`` output (1, 3, frames, height, width) in the VAE's compute dtype, clip ``index`` of ``of``.
+    With ``first_tile`` > 0 (where the two shares meet inside a clip) ``frames`` holds only the clip's spatial tiles
+    from ``first_tile`` on, each the decoder's raw output: (tiles, 3, frames, tile height, tile width)."""
 
     request_id: str
     index: int
     of: int
     frames: WireTensor
+    first_tile: int = 0
     schema_version: int = SCHEMA_VERSION
 
     def tensors(self) -> dict[str, WireTensor]:
@@ -502,7 +506,16 @@ class DecodedClip:
         _check_version(self, "B->A clip")
         if not isinstance(self.index, int) or not isinstance(self.of, int) or not 0 <= self.index < self.of:
             raise WireError(f"clip index {self.index!r} of {self.of!r} is not a clip of the request.")
-        self.frames.check(f"clip {self.index} frames", _FLOAT_DTYPES, (1, 3, None, height, width), finite=False)
+        if not isinstance(self.first_tile, int) or self.first_tile < 0:
+            raise WireError(f"clip {self.index}'s first tile is {self.first_tile!r}; expected an int >= 0.")
+        if self.first_tile:
+            self.frames.check(f"clip {self.index} tiles", _FLOAT_DTYPES, (None, 3, None, None, None), finite=False)
+            tile_h, tile_w = self.frames.shape[3], self.frames.shape[4]
+            if not (0 < tile_h <= height and 0 < tile_w <= width):
+                raise WireError(f"clip {self.index}'s tiles are {tile_h}x{tile_w}, not tiles of the {height}x{width} "
+                                "canvas.")
+        else:
+            self.frames.check(f"clip {self.index} frames", _FLOAT_DTYPES, (1, 3, None, height, width), finite=False)
         if self.nbytes > max_bytes:
             raise WireError(f"clip {self.index} of request {self.request_id} is {self.nbytes} bytes, over the "
                             f"{max_bytes}-byte cap (H3_MAX_PAYLOAD_BYTES): raise the cap on both machines.")

@@ -116,7 +116,7 @@ class LocalA:
             return media, [rec]
         cancelled = (lambda: rid in self.cancelled or bool(should_cancel and should_cancel()))  # noqa: E731
         share = ShareReceiver(share_refs, plan.b_start, latents.height, latents.width, self.timeouts.handoff, rid,
-                              cancelled)
+                              cancelled, first_tile=plan.b_tile)
         try:
             return await asyncio.to_thread(self.side.decode_split_recorded, latents, share, cancelled, self.node,
                                            True)
@@ -182,7 +182,7 @@ class ActorA:
             media_ref, recs_ref = self.handle.decode.remote([ref], rid, self.timeouts.handoff)
         else:
             media_ref, recs_ref = self.handle.decode_split.remote([ref], rid, share_refs, plan.b_start,
-                                                                  self.timeouts.handoff)
+                                                                  self.timeouts.handoff, plan.b_tile)
         try:
             records = await await_ref(recs_ref, self.timeouts.decode)
             media = await await_ref(media_ref, self.timeouts.decode)

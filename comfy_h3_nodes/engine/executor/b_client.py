@@ -373,10 +373,11 @@ class BClient:
             if request_id in self.worker_of:
                 b.dequeue.remote(request_id)
 
-    def start_share(self, latents_ref, request_id: str, b_start: int, clips: int) -> list:
-        """B's share of a split decode, queued on B's compute queue; its refs (clips, then B's record)."""
+    def start_share(self, latents_ref, request_id: str, b_start: int, clips: int, b_tile: int = 0) -> list:
+        """B's share of a split decode (from tile ``b_tile`` of clip ``b_start`` on), queued on B's compute queue;
+        its refs (clips, then B's record)."""
         refs = list(self.handle_of(request_id).decode_share.options(num_returns=clips - b_start + 1).remote(
-            [latents_ref], request_id, b_start, clips, self.timeouts.handoff))
+            [latents_ref], request_id, b_start, clips, self.timeouts.handoff, b_tile))
 
         def failed(f):  # a failed share A never read (cancel, A failed) must not be logged as an unhandled error
             if not f.cancelled() and f.exception() is not None:

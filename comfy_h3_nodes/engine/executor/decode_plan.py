@@ -6,9 +6,10 @@ health), how much work B still has queued for this client, the caller's choice (
 side's measured seconds per clip (:class:`ClipClock`, fed by :meth:`DecodePlanner.learn` from the decode records).
 Output: a :class:`DecodePlan` whose ``why`` is the sentence every decode record carries.
 
-The share (:func:`choose_b_clips`): B decodes the last ``k`` clips, A the first ``n - k`` and then blends, so A's own
-clips never wait for B's; ``k`` minimises the predicted finish ``max(A's clips, B's clips - B's lead + fetching
-B's frames)`` (A pulls B's frames while it still decodes its own: only a B that ends after A makes A wait for
+The share (:func:`choose_b_clips`, in spatial tiles: the shares may meet inside a clip, so neither side waits a whole
+clip for the other; 832x480 is 12 tiles per clip, 640x384 6): B decodes the last ``k`` tiles, A the first ones and then
+blends, so A's own clips never wait for B's; ``k`` minimises the predicted finish ``max(A's clips, B's clips - B's lead
++ fetching B's frames)`` (A pulls B's frames while it still decodes its own: only a B that ends after A makes A wait for
 them): a slower side gets fewer clips.
 """
 
@@ -32,6 +33,11 @@ class DecodePlan:
     b_start: int
     why: str
     decode_on: str = "auto"
+    #: where the shares meet inside clip ``b_start``: B decodes its tiles from this one on, A the ones before (0: B
+    #: takes the whole clip)
+    b_tile: int = 0
+    #: spatial tiles per clip (the unit the shares are balanced in)
+    tiles: int = 1
 
 
 def choose_b_clips(n: int, a_clip_s: float, b_clip_s: float, b_lead_s: float = 0.0,
@@ -67,12 +73,12 @@ class ClipClock:
     def _ema(self, old, new):
         return new if old is None else (1 - self.alpha) * old + self.alpha * new
 
-    def add(self, side: str, clips: int, seconds: float, height: int, width: int) -> None:
+    def add(self, side: str, clips: float, seconds: float, height: int, width: int) -> None:
         if clips > 0 and seconds > 0:
             mpx = height * width / 1e6
             self.per_mpx[side] = self._ema(self.per_mpx.get(side), seconds / clips / mpx)
 
-    def add_fetch(self, clips: int, seconds: float, height: int, width: int) -> None:
+    def add_fetch(self, clips: float, seconds: float, height: int, width: int) -> None:
         if clips > 0:
             self.fetch_per_mpx = self._ema(self.fetch_per_mpx, seconds / clips / (height * width / 1e6))
 
@@ -116,6 +122,9 @@ class DecodePlanner:
         if b.get("dtype") != a["dtype"] or b.get("fingerprint") != a["fingerprint"]:
             return alone(f"B's video VAE ({b.get('dtype')}, weights {b.get('fingerprint')}) is not A's "
                          f"({a['dtype']}, weights {a['fingerprint']}): the frames would differ")
+        if b.get("tiling") != a.get("tiling"):
+            return alone(f"B's video VAE tiles its clips as {b.get('tiling')}, A's as {a.get('tiling')}: the frames "
+                         "would differ")
         clock = self.clock
         alone_s = clock.clip_s("A alone", height, width) or clock.clip_s("A", height, width)
         if choice == "auto":
@@ -129,14 +138,25 @@ class DecodePlanner:
         a_s = clock.clip_s("A", height, width) or 1.0
         b_s = clock.clip_s("B", height, width) or a_s  # unmeasured: as fast as A (two equal machines)
         fetch = clock.fetch_clip_s(height, width)
-        k = choose_b_clips(n, a_s, b_s, 0.0, fetch) if b_clips is None else max(0, min(int(b_clips), n))
+        if b_clips is not None:  # forced: whole clips
+            k = max(0, min(int(b_clips), n))
+            if k == 0:
+                return alone("B's share was set to no clip")
+            return DecodePlan("A+B", n, n - k, f"B decodes clips {n - k}-{n - 1} of {n} (forced)", choice)
+        # balanced in tiles: the shares meet inside a clip (B the last k of its n x tiles tiles), so neither side
+        # waits a whole clip for the other
+        t = sd.tiles_for(a, height, width)
+        k = choose_b_clips(n * t, a_s / t, b_s / t, 0.0, fetch / t)
         if k == 0:
             return alone(f"the measured clip times give B no clip (A {a_s:.3f} s, B {b_s:.3f} s, "
                          f"fetch {fetch:.3f} s per clip)")
-        why = (f"B decodes clips {n - k}-{n - 1} of {n}" + (" (forced)" if b_clips is not None else
-               f": A {a_s:.3f} s, B {b_s:.3f} s, fetch {fetch:.3f} s per clip, predicted "
-               f"{predicted_s(n, k, a_s, b_s, 0.0, fetch):.2f} s vs {n * (alone_s or a_s):.2f} s on A alone"))
-        return DecodePlan("A+B", n, n - k, why, choice)
+        b_start, b_tile = n - -(-k // t), -(-k // t) * t - k
+        why = (f"B decodes clips {b_start}-{n - 1} of {n}"
+               + (f" (clip {b_start} from tile {b_tile} of {t})" if b_tile else "")
+               + f": A {a_s:.3f} s, B {b_s:.3f} s, fetch {fetch:.3f} s per clip, predicted "
+               f"{predicted_s(n * t, k, a_s / t, b_s / t, 0.0, fetch / t):.2f} s vs {n * (alone_s or a_s):.2f} s on "
+               "A alone")
+        return DecodePlan("A+B", n, b_start, why, choice, b_tile, t)
 
     def learn(self, records: list[StageRecord], height: int, width: int, clips: int) -> None:
         """Feed each side's measured seconds per clip (and B's frames' fetch per clip) to the clock."""
@@ -144,14 +164,21 @@ class DecodePlanner:
             if r.stage != "decode":
                 continue
             info = r.info or {}
+            # a clip the shares met in counts as the part of its tiles each side decoded
+            t = max(int(info.get("tiles") or 1), 1)
             if r.machine == "B":
-                self.clock.add("B", len(info.get("clip_s", ())), sum(info.get("clip_s", ())), height, width)
+                first = int(info.get("first_tile") or 0)
+                self.clock.add("B", len(info.get("clip_s", ())) - first / t, sum(info.get("clip_s", ())), height,
+                               width)
             elif info.get("decode_on") == "A+B":
-                own = [s for i, s in zip(info["a_decoded"], info["a_clip_s"]) if i < info["a_clips"][1]]
-                self.clock.add("A", len(own), sum(own), height, width)
+                b0, b_tile = info["a_clips"][1], int(info.get("b_tile") or 0)
+                own = [(s, 1.0 if i < b0 else b_tile / t) for i, s in zip(info["a_decoded"], info["a_clip_s"])
+                       if i < b0 or (i == b0 and b_tile)]
+                self.clock.add("A", sum(c for _, c in own), sum(s for s, _ in own), height, width)
                 got = len(info.get("b_received", ()))
                 if got:
-                    self.clock.add_fetch(got, r.fetch_s + r.materialize_s, height, width)
+                    self.clock.add_fetch(got - b_tile / t if b_tile else got, r.fetch_s + r.materialize_s, height,
+                                         width)
             else:
                 self.clock.add("A alone", clips, r.compute_s, height, width)
 

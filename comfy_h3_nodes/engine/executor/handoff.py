@@ -19,6 +19,7 @@ import ray
 
 from ..contract.errors import HandoffError
 from ..contract.timing import StageRecord
+from ..model.split_decode import Tiles
 
 log = logging.getLogger("comfy_h3")
 
@@ -62,10 +63,11 @@ def receive(ref, timeout: float, machine: str, stage: str, request_id: str):
 
 class ShareReceiver:
     """A's side of B's split-decode share: ``refs`` are the share call's returns (one ``wire.DecodedClip`` per clip
-    ``start``, ``start + 1``, ..., then B's decode record). Called with a clip index (``split_decode.serve_clips``
-    asks for every clip in order), it returns B's clip as a tensor, or ``None`` for A to decode that clip itself:
-    for clips before ``start`` (A's share) and, once B's share failed (B's actor died, B was cancelled, a bounded
-    wait ran out), for every clip of it; ``failure`` then says why. B's record lands in ``record``.
+    ``start``, ``start + 1``, ..., then B's decode record; with ``first_tile`` > 0 clip ``start`` is only its tiles from
+    that one on, handed to the blend as a ``split_decode.Tiles``). Called with a clip index
+    (``split_decode.serve_clips`` asks for every clip in order), it returns B's clip as a tensor, or ``None`` for A to
+    decode that clip itself: for clips before ``start`` (A's share) and, once B's share failed (B's actor died, B was
+    cancelled, a bounded wait ran out), for every clip of it; ``failure`` then says why. B's record lands in ``record``.
 
     B's frames are pulled in the background from the moment B's share is done, so they cross the link while A still
     decodes its own clips (the blend asks for B's first clip only after A's last). Timed apart on A's clock:
@@ -74,9 +76,9 @@ class ShareReceiver:
     ``materialize_s``. Every wait is polled (``poll``) against the bound, the cancel and :meth:`close`."""
 
     def __init__(self, refs: list, start: int, height: int, width: int, timeout: float, request_id: str,
-                 should_cancel=None, poll: float = 0.05):
+                 should_cancel=None, poll: float = 0.05, first_tile: int = 0):
         self.clip_refs, self.record_ref = list(refs[:-1]), refs[-1]
-        self.start, self.height, self.width = start, height, width
+        self.start, self.height, self.width, self.first_tile = start, height, width, first_tile
         self.timeout, self.request_id, self.should_cancel, self.poll = timeout, request_id, should_cancel, poll
         self.record = None
         self.failure = ""
@@ -180,12 +182,16 @@ class ShareReceiver:
         if clip.index != index or clip.request_id != self.request_id:
             raise HandoffError(f"A asked B's share for clip {index} of request {self.request_id} and received clip "
                                f"{clip.index} of request {clip.request_id}.")
+        want = self.first_tile if index == self.start else 0
+        if clip.first_tile != want:
+            raise HandoffError(f"A asked B's share for clip {index} of request {self.request_id} from tile {want} and "
+                               f"received it from tile {clip.first_tile}.")
         t2 = time.perf_counter()
         tensor = clip.frames.to_torch()
         self.materialize_s += time.perf_counter() - t2
         self.bytes += clip.nbytes
         self.received.append(index)
-        return tensor
+        return Tiles(want, tensor) if want else tensor
 
 
 def materialize(payload) -> float:

@@ -286,7 +286,7 @@ class Pipeline:
             plan = self.planner.plan(*shape, a.decoder_info(), self.b_decoder(), self.b.pending, decode_on, b_clips)
         share = None
         if plan.mode == "A+B":
-            share = job.share = self.b.start_share(den.latents_ref, rid, plan.b_start, plan.clips)
+            share = job.share = self.b.start_share(den.latents_ref, rid, plan.b_start, plan.clips, plan.b_tile)
         try:
             media, records = await a.decode(job, plan, share, should_cancel)
         except DecodeCancelled:

@@ -79,9 +79,9 @@ class TimedBSide(BSide):
             result.notes.append(f"stand-in +{extra:.3f} s (benchmark)")
         return result
 
-    def decode_share(self, latents, start, stop, should_cancel=None):
+    def decode_share(self, latents, start, stop, should_cancel=None, first_tile: int = 0):
         _pause(self.stages, "decode_share")
-        return super().decode_share(latents, start, stop, should_cancel)
+        return super().decode_share(latents, start, stop, should_cancel, first_tile)
 
 
 class TimedEncoderActor(EncoderActorImpl):
