@@ -10,6 +10,7 @@ Every wait is bounded by the caller's timeout; a producer that failed is named w
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -159,6 +160,12 @@ class ShareReceiver:
     def __call__(self, index: int):
         if index < self.start:
             return None
+        if index == self.start and self.first_tile:  # taken once A decoded its own tiles of the clip
+            return Tiles(self.first_tile, functools.partial(self._take, index))
+        return self._take(index)
+
+    def _take(self, index: int):
+        """B's clip ``index`` once it is on A (each wait bounded, a cancel or a lost share ends it: ``None``)."""
         t0 = time.perf_counter()
         b_done_at = None
         with self._cond:
@@ -191,7 +198,7 @@ class ShareReceiver:
         self.materialize_s += time.perf_counter() - t2
         self.bytes += clip.nbytes
         self.received.append(index)
-        return Tiles(want, tensor) if want else tensor
+        return tensor
 
 
 def materialize(payload) -> float:

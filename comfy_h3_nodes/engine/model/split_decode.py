@@ -150,10 +150,15 @@ def _sync(device) -> None:
 @dataclass(frozen=True)
 class Tiles:
     """Tiles ``[first, count)`` of one clip decoded on their own (B's part of the clip where the two shares meet):
-    the decoder's raw outputs, one per tile along dim 0 (each ``(1, 3, frames, tile_h, tile_w)``)."""
+    the decoder's raw outputs, one per tile along dim 0 (each ``(1, 3, frames, tile_h, tile_w)``). ``tiles`` is the
+    tensor, or a call that returns it (``None`` when it will not come: A then decodes those tiles too) and is made
+    only when the first of them is needed, so A decodes its own tiles of the clip first."""
 
     first: int
-    tiles: object  # a tensor (count - first, 3, frames, tile_h, tile_w)
+    tiles: object  # a tensor (count - first, 3, frames, tile_h, tile_w), or a call returning one or None
+
+    def get(self):
+        return self.tiles() if callable(self.tiles) else self.tiles
 
 
 @dataclass
@@ -249,11 +254,11 @@ def serve_clips(vae, latents, provider: Callable[[int], object | None], should_c
             log.served.append(i)
             return clip.to(z.device)
         t0 = time.perf_counter()
-        out = real(z) if clip is None else _with_tiles(vae, z, clip, real, i)
+        out, served_tiles = (real(z), False) if clip is None else _with_tiles(vae, z, clip, real, i)
         _sync(out.device)
         log.decoded.append(i)
         log.decoded_s.append(time.perf_counter() - t0)
-        if clip is not None:
+        if served_tiles:
             log.partial[i] = clip.first
         return out
 
@@ -267,29 +272,35 @@ def serve_clips(vae, latents, provider: Callable[[int], object | None], should_c
 
 
 def _with_tiles(vae, z, part: Tiles, real, index: int):
-    """Clip ``index`` by the real ``_decode_clip`` (its tiling and stitching, diffusers' code), its decoder answering
-    the tiles from ``part.first`` on from ``part`` (each tile's decoder input checked equal to the one the share
-    decoded), decoding the ones before it."""
+    """Clip ``index`` by the real ``_decode_clip`` (its tiling and stitching, diffusers' code), its decoder decoding
+    the tiles before ``part.first`` and then answering the rest from ``part`` (each tile's decoder input checked equal
+    to the one the share decoded; all decoded here when ``part`` never came). Returns ``(clip, B's tiles used)``."""
     expected = tile_inputs(vae, z)
-    if not 0 < part.first < len(expected) or part.tiles.shape[0] != len(expected) - part.first:
-        raise SplitDecodeError(f"B's tiles of clip {index} (from tile {part.first}, {part.tiles.shape[0]} of them) do "
-                               f"not fit the clip's {len(expected)} tiles.")
+    if not 0 < part.first < len(expected):
+        raise SplitDecodeError(f"B's tiles of clip {index} start at tile {part.first}; the clip has {len(expected)}.")
     decoder = vae.decoder
     own = decoder.__dict__.get("forward")  # an offload hook's forward, when one is installed
     forward = own or decoder.forward
-    calls = [0]
+    calls, got = [0], []
 
     def tile_forward(x, *args, **kwargs):
         j = calls[0]
         calls[0] += 1
         if j < part.first:
             return forward(x, *args, **kwargs)
+        if not got:
+            got.append(part.get())  # A's own tiles are done: now B's (waiting for them, bounded, if need be)
+            if got[0] is not None and got[0].shape[0] != len(expected) - part.first:
+                raise SplitDecodeError(f"B's tiles of clip {index} (from tile {part.first}, {got[0].shape[0]} of them) "
+                                       f"do not fit the clip's {len(expected)} tiles.")
+        if got[0] is None:  # B's share was lost: A decodes the clip's other tiles too
+            return forward(x, *args, **kwargs)
         want = vae.post_quant_conv(expected[j]) if j < len(expected) else None
         if want is None or x.shape != want.shape or not torch.equal(x, want):
             raise SplitDecodeError(f"diffusers decoded tile {j} of clip {index} from another input than comfy-h3 "
                                    "computes: this diffusers release tiles its clips differently; decode on A alone "
                                    "(decode_on 'A').")
-        return part.tiles[j - part.first: j - part.first + 1].to(x.device)
+        return got[0][j - part.first: j - part.first + 1].to(x.device)
 
     decoder.forward = tile_forward
     try:
@@ -302,4 +313,4 @@ def _with_tiles(vae, z, part: Tiles, real, index: int):
     if calls[0] != len(expected):
         raise SplitDecodeError(f"diffusers decoded {calls[0]} tiles of clip {index} where comfy-h3 expects "
                                f"{len(expected)}.")
-    return out
+    return out, bool(got) and got[0] is not None
