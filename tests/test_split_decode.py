@@ -93,9 +93,11 @@ def test_split_decode_share_from_a_tile_blends_bit_exact(a_side, small_tiles, fi
     order = []
     hook = small_tiles.decoder.register_forward_pre_hook(lambda m, a: order.append("tile"))
     try:
-        late = {**clips, 3: sd.Tiles(first_tile, lambda: order.append("B's tiles") or part.tiles)}
-        assert np.array_equal(a_side.decode_split(lat, late.get)[0].frames, expected.frames)
+        late = {**clips, 3: sd.Tiles(first_tile, lambda: order.append("B's tiles") or time.sleep(1.0) or part.tiles)}
+        media, log = a_side.decode_split(lat, late.get)
+        assert np.array_equal(media.frames, expected.frames)
         assert order.index("B's tiles") == 3 * 6 + first_tile + 1, order  # right after the call for B's first
+        assert log.decoded_s[3] < 1.0, log.decoded_s  # A's own time in the clip, without the 1 s wait for B's
         lost = {**clips, 3: sd.Tiles(first_tile, lambda: None)}
         media, log = a_side.decode_split(lat, lost.get)
     finally:

@@ -254,10 +254,10 @@ def serve_clips(vae, latents, provider: Callable[[int], object | None], should_c
             log.served.append(i)
             return clip.to(z.device)
         t0 = time.perf_counter()
-        out, served_tiles = (real(z), False) if clip is None else _with_tiles(vae, z, clip, real, i)
+        out, served_tiles, waited = (real(z), False, 0.0) if clip is None else _with_tiles(vae, z, clip, real, i)
         _sync(out.device)
         log.decoded.append(i)
-        log.decoded_s.append(time.perf_counter() - t0)
+        log.decoded_s.append(time.perf_counter() - t0 - waited)  # A's own time: not its wait for B's tiles
         if served_tiles:
             log.partial[i] = clip.first
         return out
@@ -274,14 +274,15 @@ def serve_clips(vae, latents, provider: Callable[[int], object | None], should_c
 def _with_tiles(vae, z, part: Tiles, real, index: int):
     """Clip ``index`` by the real ``_decode_clip`` (its tiling and stitching, diffusers' code), its decoder decoding
     the tiles before ``part.first`` and then answering the rest from ``part`` (each tile's decoder input checked equal
-    to the one the share decoded; all decoded here when ``part`` never came). Returns ``(clip, B's tiles used)``."""
+    to the one the share decoded; all decoded here when ``part`` never came). Returns ``(clip, B's tiles used,
+    seconds waited for them)``."""
     expected = tile_inputs(vae, z)
     if not 0 < part.first < len(expected):
         raise SplitDecodeError(f"B's tiles of clip {index} start at tile {part.first}; the clip has {len(expected)}.")
     decoder = vae.decoder
     own = decoder.__dict__.get("forward")  # an offload hook's forward, when one is installed
     forward = own or decoder.forward
-    calls, got = [0], []
+    calls, got, waited = [0], [], [0.0]
 
     def tile_forward(x, *args, **kwargs):
         j = calls[0]
@@ -289,7 +290,9 @@ def _with_tiles(vae, z, part: Tiles, real, index: int):
         if j < part.first:
             return forward(x, *args, **kwargs)
         if not got:
+            t0 = time.perf_counter()
             got.append(part.get())  # A's own tiles are done: now B's (waiting for them, bounded, if need be)
+            waited[0] = time.perf_counter() - t0
             if got[0] is not None and got[0].shape[0] != len(expected) - part.first:
                 raise SplitDecodeError(f"B's tiles of clip {index} (from tile {part.first}, {got[0].shape[0]} of them) "
                                        f"do not fit the clip's {len(expected)} tiles.")
@@ -313,4 +316,4 @@ def _with_tiles(vae, z, part: Tiles, real, index: int):
     if calls[0] != len(expected):
         raise SplitDecodeError(f"diffusers decoded {calls[0]} tiles of clip {index} where comfy-h3 expects "
                                f"{len(expected)}.")
-    return out, bool(got) and got[0] is not None
+    return out, bool(got) and got[0] is not None, waited[0]
