@@ -244,10 +244,9 @@ class DiTActorImpl(ResidentActorMixin):
     @ray.method(concurrency_group="denoise")
     def decode_share(self, refs: list, request_id: str, start: int, stop: int, wait_timeout: float = 600.0,
                      first_tile: int = 0):
-        """Clips ``[start, stop)`` of a request's video, from its latents in B's own object store (``refs[0]``: the
-        ref ``denoise`` returned, so nothing crosses the link); with ``first_tile`` > 0 only the tiles of clip
-        ``start`` from that one on. Returns one ``wire.DecodedClip`` per clip, then B's decode record; the caller
-        sets ``num_returns=stop - start + 1``. A cancel stops it before its next clip."""
+        """Clips ``[start, stop)`` of a request's video (of clip ``start`` only its tiles from ``first_tile`` on), from
+        its latents in B's own object store (``refs[0]``, the ref ``denoise`` returned: nothing crosses the link). One
+        ``wire.DecodedClip`` per clip, then B's record (``num_returns=stop - start + 1``); a cancel ends it."""
         t_start = time.time()
         with self._lock:
             self._decoding.add(request_id)
@@ -257,10 +256,9 @@ class DiTActorImpl(ResidentActorMixin):
             latents, wait_s, fetch_s = receive(refs[0], wait_timeout, "B", "latents (own)", request_id)
             share = self.side.decode_share(latents, start, stop, should_cancel=lambda: request_id in self._cancelled,
                                            first_tile=first_tile)
-            clips = [wire.DecodedClip(request_id, start + j, share.of, wire.WireTensor.from_torch(c))
-                     if not isinstance(c, split_decode.Tiles) else
-                     wire.DecodedClip(request_id, start, share.of, wire.WireTensor.from_torch(c.tiles), c.first)
-                     for j, c in enumerate(share.clips)]
+            clips = [wire.DecodedClip(request_id, start + j, share.of, *(  # whole clips, or the first one's tiles
+                (wire.WireTensor.from_torch(c.tiles), c.first) if isinstance(c, split_decode.Tiles)
+                else (wire.WireTensor.from_torch(c), 0))) for j, c in enumerate(share.clips)]
             rec = StageRecord(request_id, "decode", "B", self.node_ip, t_start, time.time(), producer_wait_s=wait_s,
                               fetch_s=fetch_s, compute_s=share.compute_s, bytes={"frames": sum(c.nbytes for c in clips)},
                               note=f"split decode: B clips {start}-{stop - 1} of {share.of}"
