@@ -172,7 +172,8 @@ def test_a_lora_for_a_layer_b_lacks_is_refused_by_name(b_side):
 
 
 @pytest.mark.parametrize("change, words", [
-    (lambda c, x: (dataclasses.replace(c, schema_version=4), x), ["sampling context", "version 4", "version 6"]),
+    (lambda c, x: (dataclasses.replace(c, schema_version=4), x),
+     ["sampling context", "version 4", f"version {wire.SCHEMA_VERSION}"]),
     (lambda c, x: (dataclasses.replace(c, partition="transformer_x"), x), ["partition is 'transformer_x'"]),
     (lambda c, x: (dataclasses.replace(c, token_tags=W(torch.full((c.seq_len,), 7))), x), ["token_tags", "0 (video)"]),
     (lambda c, x: (dataclasses.replace(c, video_indices=W(torch.arange(100, 118))), x), ["video_indices points"]),
