@@ -406,6 +406,34 @@ def test_pool_worker_killed_mid_denoise_reruns_bit_identical(pool_ex, workers, t
     assert time.monotonic() - t0 < 120
 
 
+def test_pool_rerun_payload_is_a_copy_only_a_holds(b2_node):
+    """A re-run fetches a payload that only A holds: the lost worker's node may keep a copy, and Ray pulls from a
+    holder picked at random, asking a silent one again only after 10, 20, 40 ... s (a cut-off B2's copy once held
+    a re-run's fetch past its 300 s bound)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from comfy_h3_nodes.engine.executor.handoff import get_object_locations, sole_copy
+
+    value = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: in the object store, not inline
+    ref = ray.put(value)
+
+    @ray.remote(num_cpus=0)
+    def fetch(refs):
+        return float(ray.get(refs[0], timeout=30).sum())
+
+    b2_id = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == B2_IP)
+    on_b2 = NodeAffinitySchedulingStrategy(b2_id, soft=False)
+    assert ray.get(fetch.options(scheduling_strategy=on_b2).remote([ref]), timeout=60) == float(value.sum())
+    here = ray.get_runtime_context().get_node_id()
+    held = set(get_object_locations([ref], timeout_ms=10_000)[ref]["node_ids"])
+    assert held == {here, b2_id}, held  # B2 kept its copy: a re-run could pull from it
+    fresh = sole_copy(ref, 30)
+    assert fresh != ref
+    assert get_object_locations([fresh], timeout_ms=10_000)[fresh]["node_ids"] == [here]
+    assert np.array_equal(ray.get(fresh, timeout=30), value)
+
+
 def test_pool_no_worker_left_says_so_within_10s(pool_ex, workers, b2_node, ray_cluster, media):
     """The last worker leaves mid-request (its machine's Ray node goes): one clear error within 10 s."""
     import threading

@@ -9,7 +9,7 @@ and the request's ``a_to_b`` and ``denoise`` records on A's time axis). Every re
 Routing is :mod:`.pool`'s (the worker that holds the workflow's partition, then the fewest queued steps). A worker
 lost mid-request (process killed, node gone, its link or host cut off) hands the request to another worker once,
 with the same seed: B draws all noise from it, so the result is the same, and the denoise record says it was re-run
-and what was lost.
+and what was lost. The re-run gets a new copy of the payload that only A's store holds (:func:`sole_copy`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from . import progress
 from .progress import await_ref
 from .group import A_RANK_NAME, Groups
 from .failures import NODE_SETTLE_S, WORKER_LOST, WorkerLost, clean, first_line, node_lost_error, remote_error
-from .handoff import unwrap_ray_error
+from .handoff import sole_copy, unwrap_ray_error
 from .link import LinkDown, LinkProbe
 
 log = logging.getLogger("comfy_h3.executor")
@@ -57,8 +57,6 @@ class Denoised:
     latents_ref: object
     records: list[StageRecord]
     worker: pl.Worker | None = None
-
-
 
 
 class BClient:
@@ -214,6 +212,8 @@ class BClient:
                 cause = exc.short if isinstance(exc, LinkDown) else type(exc).__name__
                 rerun = (f"{why + '; ' if why else ''}re-run on worker {w.name} ({w.node_ip}) after worker {old.name} "
                          f"({old.node_ip}) was lost {spent:.1f} s into the request ({cause})")
+                if len(lost) == 1:
+                    payload_ref = await asyncio.to_thread(sole_copy, payload_ref, self.timeouts.handoff)
             try:
                 den = await self._denoise_on(w, payload_ref, call, workflow, put, on_step, rerun)
                 if self.groups is not None:  # one rank's step time: what parallel auto compares a group with

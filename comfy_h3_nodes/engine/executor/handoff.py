@@ -3,7 +3,8 @@ timed apart on the receiver's clock. A's actor, in-process A and B's actor all r
 
 * :func:`receive_payload` is the whole receipt of one wire payload (``EncodedRequest`` on B, ``DenoisedLatents`` on
   A) with its :class:`~..contract.timing.StageRecord` (``a_to_b`` or ``b_to_a``);
-* :class:`ShareReceiver` is A's receipt of B's split-decode share, one clip at a time, each bounded.
+* :class:`ShareReceiver` is A's receipt of B's split-decode share, one clip at a time, each bounded;
+* :func:`sole_copy` gives a re-run a payload that no lost worker's node holds a copy of.
 
 Every wait is bounded by the caller's timeout; a producer that failed is named with its stage and request.
 """
@@ -17,6 +18,7 @@ import time
 from typing import Callable
 
 import ray
+from ray.experimental import get_object_locations
 
 from ..contract.errors import HandoffError
 from ..contract.timing import StageRecord
@@ -29,6 +31,19 @@ def unwrap_ray_error(exc: BaseException) -> BaseException:
     """The user's exception inside a RayTaskError, when there is one."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc
+
+
+def sole_copy(ref, timeout: float):
+    """``ref``'s value in a new object that only this process's node (A) holds, for a re-run on another worker.
+    The lost worker's node may hold a copy of the payload, and Ray fetches an object from a holder picked at random,
+    asking a silent one again only after 10, 20, 40, ... s: a worker cut off but not yet declared dead (the health
+    check's partition tolerance) would hold the re-run's fetch past its bound about one time in thirty. Where this
+    node holds no copy (a client off A), ``ref`` is returned as it is: copying it would be the same fetch."""
+    here = ray.get_runtime_context().get_node_id()
+    where = get_object_locations([ref], timeout_ms=int(timeout * 1000)).get(ref) or {}
+    if here not in (where.get("node_ids") or []):
+        return ref
+    return ray.put(ray.get(ref, timeout=timeout))
 
 
 def receive(ref, timeout: float, machine: str, stage: str, request_id: str):
