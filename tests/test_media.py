@@ -68,3 +68,18 @@ def test_mp4_frames_become_8_bit_one_at_a_time(tmp_path):
     assert np.abs(frames[5].astype(int) - whole[5]).mean() < 3  # H.264 at crf 18: near, not equal
     with pytest.raises(ValueError, match=r"images have shape \(24, 96, 128\); expected \[frames, H, W, 3\]"):
         write_mp4(tmp_path / "w.mp4", video[..., 0], audio, 24)
+
+
+def test_decoded_frames_are_diffusers_np_frames():
+    """A takes diffusers' ``pt`` video and lays out the frames itself: the same array as diffusers' ``np`` output."""
+    import torch
+    from diffusers.video_processor import VideoProcessor
+
+    from comfy_h3_nodes.engine.a_side.side import frames_hwc
+
+    video = torch.rand(1, 3, 9, 16, 24)  # (1, C, F, H, W) as the decode block's pixels before postprocess_video
+    vp = VideoProcessor(vae_scale_factor=16, do_normalize=False)
+    want = vp.postprocess_video(video, output_type="np")[0]
+    got = frames_hwc(vp.postprocess_video(video, output_type="pt"))
+    assert got.shape == (9, 16, 24, 3) and got.dtype == np.float32 and got.flags["C_CONTIGUOUS"]
+    assert np.array_equal(got, want)

@@ -258,11 +258,11 @@ class ASide:
 
     def decode(self, latents: wire.DenoisedLatents, validated: bool = False) -> DecodedMedia:
         t0 = time.perf_counter()
-        out = self.decode_raw(latents, "np", validated)
+        out = self.decode_raw(latents, "pt", validated)
         return self._media(latents, out, t0)
 
     def _media(self, latents: wire.DenoisedLatents, out: dict, t0: float) -> DecodedMedia:
-        frames = np.asarray(out["videos"][0], dtype=np.float32)
+        frames = frames_hwc(out["videos"])
         audio = out["audio"]
         audio = audio.detach().float().cpu().numpy() if hasattr(audio, "detach") else np.asarray(audio)
         if audio.ndim == 3:
@@ -311,8 +311,7 @@ class ASide:
             with self._decode_lock, split_decode.serve_clips(self.vae, lat, provider, should_cancel) as log, \
                     maybe_profile(f"decode_{latents.request_id}", self.device.startswith("cuda")):
                 out = pipe(latents=lat, audio_latents=latents.audio_latents.to_torch().to(self.device),
-                           output_type="np",
-                           output=["videos", "audio", "sampling_rate"])
+                           output_type="pt", output=["videos", "audio", "sampling_rate"])
         return self._media(latents, out, t0), log
 
     # ------------------------------------------------------------------------------------------------ records
@@ -362,6 +361,13 @@ class ASide:
                                   "a_clip_s": [round(x, 5) for x in served.decoded_s], "b_lost": share.failure,
                                   "b_frames_wait_s": round(share.fetch_wait_s, 4)})
         return media, [a_rec] + ([share.record] if share.record is not None else [])
+
+
+def frames_hwc(videos) -> np.ndarray:
+    """diffusers' ``pt`` decode output ``(1, F, 3, H, W)`` as the frames of its ``np`` output: ``[F, H, W, 3]`` float32,
+    the same values. torch lays them out in 0.2-0.3 s for 124 frames of 640x384 on one core, numpy's ``np.stack`` of
+    the strided view (the ``np`` output) in 1.0-1.5 s, all of it on A after both machines' clips."""
+    return videos[0].permute(0, 2, 3, 1).float().contiguous().cpu().numpy()
 
 
 def _media_bytes(media: DecodedMedia) -> dict:
