@@ -2,9 +2,10 @@
 
 A loads only ``text_encoder``, ``tokenizer``, ``processor``, ``vae`` and ``audio_vae``: from the diffusers folder, or
 each of the text encoder, video VAE and audio VAE from a Comfy-Org single file (``parts``; :mod:`..model.comfy_files`:
-the folder then gives the index and whatever is not a file; with no folder, the released configs shipped with the pack). ``encode`` runs the A-encode
-blocks of the request's workflow and packs what B needs into an :class:`~.wire.EncodedRequest`; ``decode`` runs the
-``decode.*`` blocks on a :class:`~.wire.DenoisedLatents`; ``decode_split`` runs the same blocks with the last clips
+the folder then gives the index and whatever is not a file; with no folder, the released configs shipped with the
+pack). ``encode`` runs the A-encode blocks of the request's workflow and packs what B needs into an
+:class:`~.wire.EncodedRequest`; ``decode`` runs the ``decode.*`` blocks on a :class:`~.wire.DenoisedLatents` (their
+``pt`` output, its frames laid out by :func:`frames_hwc`); ``decode_split`` runs the same blocks with the last clips
 taken from B's share (:mod:`.split_decode`). The Ray actor of the executor wraps this class.
 
 Residency: ``release(components, cause)`` drops the text encoder and VAEs (a host's unload: ComfyUI's model
