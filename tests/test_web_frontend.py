@@ -341,7 +341,10 @@ class FrontendPage:
         """Opens an example workflow the way a dropped or opened file is: its saved view applied, named after it."""
         self.page.evaluate("([wf, name]) => window.app.loadGraphData(wf, true, true, name)",
                            [wf or template(name), f"{name}.json"])
-        self.page.wait_for_function("(n) => window.app.graph.nodes.length === n", arg=len((wf or template(name))["nodes"]))
+        # bounded like the page's load: on CI's two saturated cores (beside the CPU and real-ComfyUI suites) a graph once
+        # took over the page's default 15 s to appear
+        self.page.wait_for_function("(n) => window.app.graph.nodes.length === n",
+                                    arg=len((wf or template(name))["nodes"]), timeout=45000)
         if self.page.evaluate("() => window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled')"):
             self.page.wait_for_function("(n) => document.querySelectorAll('[data-node-id]').length >= n",
                                         arg=len((wf or template(name))["nodes"]))
