@@ -56,6 +56,9 @@ PACK = "comfy-h3"
 TAB_BUTTON = ('.comfy-h3-timeline-tab-button, [data-testid="comfy-h3-timeline-tab-button"], '
               '.side-bar-button[aria-label^="H3 timings"]')
 VUE_SETTING = "Comfy.VueNodes.Enabled"
+#: the bound of the page's load and of a loaded graph's nodes: on CI's two saturated cores (beside the CPU and real-ComfyUI
+#: suites) a graph once took over the page's default 15 s to appear
+LOAD_MS = 45000
 SHOTS = pathlib.Path(os.environ["H3_SCREENSHOTS"]) if os.environ.get("H3_SCREENSHOTS") else None
 INSTALL_HINT = ("install them with: apt-get update && apt-get install -y chromium && .venv/bin/pip install playwright "
                 "(or `pip install -e '.[test]'`; no `playwright install`: the test drives /usr/bin/chromium; frontend "
@@ -328,7 +331,7 @@ class FrontendPage:
         self.page.on("console", lambda m: self.console.append((m.type, m.text)))
         self.page.on("pageerror", lambda e: self.errors.append(f"{e}\n{getattr(e, 'stack', '')}"))
         self.page.goto(server.url)
-        self.page.wait_for_selector(TAB_BUTTON, timeout=45000)
+        self.page.wait_for_selector(TAB_BUTTON, timeout=LOAD_MS)
         self.page.wait_for_function("() => !!window.app?.graph && window.app.extensionManager?.setting")
         deadline = time.monotonic() + 10
         while not server.connected() and time.monotonic() < deadline:
@@ -341,13 +344,11 @@ class FrontendPage:
         """Opens an example workflow the way a dropped or opened file is: its saved view applied, named after it."""
         self.page.evaluate("([wf, name]) => window.app.loadGraphData(wf, true, true, name)",
                            [wf or template(name), f"{name}.json"])
-        # bounded like the page's load: on CI's two saturated cores (beside the CPU and real-ComfyUI suites) a graph once
-        # took over the page's default 15 s to appear
-        self.page.wait_for_function("(n) => window.app.graph.nodes.length === n",
-                                    arg=len((wf or template(name))["nodes"]), timeout=45000)
+        n = len((wf or template(name))["nodes"])
+        self.page.wait_for_function("(n) => window.app.graph.nodes.length === n", arg=n, timeout=LOAD_MS)
         if self.page.evaluate("() => window.app.extensionManager.setting.get('Comfy.VueNodes.Enabled')"):
-            self.page.wait_for_function("(n) => document.querySelectorAll('[data-node-id]').length >= n",
-                                        arg=len((wf or template(name))["nodes"]))
+            self.page.wait_for_function("(n) => document.querySelectorAll('[data-node-id]').length >= n", arg=n,
+                                        timeout=LOAD_MS)
         self.settle()
 
     def settle(self, ms: int = 400):
