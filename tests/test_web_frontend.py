@@ -56,8 +56,8 @@ PACK = "comfy-h3"
 TAB_BUTTON = ('.comfy-h3-timeline-tab-button, [data-testid="comfy-h3-timeline-tab-button"], '
               '.side-bar-button[aria-label^="H3 timings"]')
 VUE_SETTING = "Comfy.VueNodes.Enabled"
-#: the bound of the page's load and of a loaded graph's nodes: on CI's two saturated cores (beside the CPU and real-ComfyUI
-#: suites) a graph once took over the page's default 15 s to appear
+#: the bound of the page's load and of a loaded graph's nodes: on CI's two saturated cores (beside the CPU and
+#: real-ComfyUI suites) a graph once took over the page's default 15 s to appear
 LOAD_MS = 45000
 SHOTS = pathlib.Path(os.environ["H3_SCREENSHOTS"]) if os.environ.get("H3_SCREENSHOTS") else None
 INSTALL_HINT = ("install them with: apt-get update && apt-get install -y chromium && .venv/bin/pip install playwright "
