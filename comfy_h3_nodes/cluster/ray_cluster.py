@@ -205,11 +205,17 @@ class _NodeStarter:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._wedged_since: float | None = None
 
     def run(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` on the main thread as is, else on this thread; its result or its exception."""
+        _free_thread_local_reformatters()
         if threading.current_thread() is threading.main_thread():
             return fn(*args, **kwargs)
+        if self._wedged_since is not None:  # that start never returns: every later one would wait behind it
+            raise ClusterError(f"an earlier start of a Ray node in this process has not returned for "
+                               f"{time.monotonic() - self._wedged_since:.0f} s; restart ComfyUI (this process) and "
+                               "see Ray's logs (/tmp/ray/session_latest/logs) for the process that did not start")
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="h3-ray-nodes", daemon=True)
@@ -217,6 +223,7 @@ class _NodeStarter:
         done, box = threading.Event(), {}
         self._jobs.put((fn, args, kwargs, box, done))
         if not done.wait(self.START_BOUND_S):
+            self._wedged_since = time.monotonic() - self.START_BOUND_S
             raise ClusterError(f"starting a Ray node of the embedded cluster took over {self.START_BOUND_S:.0f} s; "
                                "see Ray's logs (/tmp/ray/session_latest/logs) for the process that did not start")
         if "error" in box:
@@ -236,6 +243,19 @@ class _NodeStarter:
 
 
 _node_starter = _NodeStarter()
+
+
+def _free_thread_local_reformatters() -> None:
+    """Free PyAV's per-thread video reformatters here, before Ray forks. PyAV 18.1.1 keeps one per thread
+    (``av.video.frame._thread_local``), with swscale's worker threads. Ray starts each process with a Python
+    ``preexec_fn``, so the forked child runs CPython's after-fork clean-up, which frees the other threads' thread-local
+    data: a reformatter freed there waits forever for worker threads the child does not have, and Ray's start waits
+    forever for that child (seen in CI: core's SaveVideo on ComfyUI's prompt thread, then the embedded cluster's
+    first node). A new local object frees them all in this process, where the threads exist; PyAV makes a new one on
+    its next use. Nothing is imported: a process without PyAV has none."""
+    frame = sys.modules.get("av.video.frame")
+    if frame is not None and isinstance(getattr(frame, "_thread_local", None), threading.local):
+        frame._thread_local = threading.local()
 
 
 @contextlib.contextmanager
