@@ -27,10 +27,10 @@ SCRIPT = textwrap.dedent("""
         try:
             # first a video frame converted on this thread, as core's SaveVideo does on ComfyUI's prompt thread:
             # PyAV 18.1.1 keeps that thread's reformatter (swscale threads), which hung Ray's fork of the GCS
-            import av, numpy as np
+            import av, av.video.frame, numpy as np
             frame = av.VideoFrame.from_ndarray(np.zeros((64, 64, 3), np.uint8), format="rgb24")
             frame.reformat(format="yuv420p")
-            out["av_thread_local"] = hasattr(__import__("av.video.frame").video.frame, "_thread_local")
+            out["av_thread_local"] = hasattr(av.video.frame, "_thread_local")
             c = cl.EmbeddedCluster(object_store_mb=80, num_cpus=1).start()
             out["topology"] = cl.validate_topology().to_dict()
             out["cluster"] = c

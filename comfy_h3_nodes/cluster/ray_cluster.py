@@ -205,16 +205,16 @@ class _NodeStarter:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._wedged_since: float | None = None
+        self._wedged: tuple[float, threading.Event] | None = None  # (since, done) of a start past its bound
 
     def run(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` on the main thread as is, else on this thread; its result or its exception."""
         _free_thread_local_reformatters()
         if threading.current_thread() is threading.main_thread():
             return fn(*args, **kwargs)
-        if self._wedged_since is not None:  # that start never returns: every later one would wait behind it
+        if self._wedged is not None and not self._wedged[1].is_set():  # every later start would wait behind it
             raise ClusterError(f"an earlier start of a Ray node in this process has not returned for "
-                               f"{time.monotonic() - self._wedged_since:.0f} s; restart ComfyUI (this process) and "
+                               f"{time.monotonic() - self._wedged[0]:.0f} s; restart ComfyUI (this process) and "
                                "see Ray's logs (/tmp/ray/session_latest/logs) for the process that did not start")
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
@@ -223,7 +223,7 @@ class _NodeStarter:
         done, box = threading.Event(), {}
         self._jobs.put((fn, args, kwargs, box, done))
         if not done.wait(self.START_BOUND_S):
-            self._wedged_since = time.monotonic() - self.START_BOUND_S
+            self._wedged = (time.monotonic() - self.START_BOUND_S, done)
             raise ClusterError(f"starting a Ray node of the embedded cluster took over {self.START_BOUND_S:.0f} s; "
                                "see Ray's logs (/tmp/ray/session_latest/logs) for the process that did not start")
         if "error" in box:
